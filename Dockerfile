@@ -1,0 +1,15 @@
+# Builds the operator image: docker build -t lockstep-operator .
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY api/ api/
+COPY cmd/ cmd/
+COPY controllers/ controllers/
+COPY internal/ internal/
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstep-operator ./cmd/lockstep-operator
+
+FROM gcr.io/distroless/static:nonroot
+COPY --from=build /out/lockstep-operator /lockstep-operator
+USER 65532:65532
+ENTRYPOINT ["/lockstep-operator"]

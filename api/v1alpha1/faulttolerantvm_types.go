@@ -1,0 +1,238 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+// RunStrategy says whether the protected VM should run.
+// +kubebuilder:validation:Enum=Running;Halted
+type RunStrategy string
+
+const (
+	// RunStrategyRunning keeps a primary and a secondary running.
+	RunStrategyRunning RunStrategy = "Running"
+	// RunStrategyHalted stops both members.
+	RunStrategyHalted RunStrategy = "Halted"
+)
+
+// FTState is the fault tolerance state of a FaultTolerantVM, as vSphere's FT summary shows it.
+// +kubebuilder:validation:Enum=Starting;Protected;NotProtected;FailingOver;Stopped
+type FTState string
+
+const (
+	// StateStarting: the primary, or the first secondary, is not running yet.
+	StateStarting FTState = "Starting"
+	// StateProtected: a primary and a secondary run on two different nodes.
+	StateProtected FTState = "Protected"
+	// StateNotProtected: the primary runs without a running secondary; see the Protected condition.
+	StateNotProtected FTState = "NotProtected"
+	// StateFailingOver: the primary was lost and its secondary is being promoted.
+	StateFailingOver FTState = "FailingOver"
+	// StateStopped: runStrategy is Halted and no member runs.
+	StateStopped FTState = "Stopped"
+)
+
+// Condition types of a FaultTolerantVM.
+const (
+	// ConditionValid is False when the spec cannot be protected; nothing new is started then.
+	ConditionValid = "Valid"
+	// ConditionPrimaryReady is True while the primary VMI runs on a healthy node.
+	ConditionPrimaryReady = "PrimaryReady"
+	// ConditionSecondaryReady is True while the secondary VMI runs on a healthy node.
+	ConditionSecondaryReady = "SecondaryReady"
+	// ConditionProtected is True while both members run on different healthy nodes.
+	ConditionProtected = "Protected"
+	// ConditionRestartRequired is True when the template changed after the members were created:
+	// members keep the template they were built from until the VM is halted and run again.
+	ConditionRestartRequired = "RestartRequired"
+)
+
+// Condition reasons. Each names what happened, so that a person knows what to do.
+const (
+	ReasonRunning                = "Running"
+	ReasonStarting               = "Starting"
+	ReasonScheduling             = "Scheduling"
+	ReasonProtected              = "Protected"
+	ReasonHalted                 = "Halted"
+	ReasonNoEligibleNode         = "NoEligibleNode"
+	ReasonNodeLost               = "NodeLost"
+	ReasonMemberFailed           = "MemberFailed"
+	ReasonPromoted               = "SecondaryPromoted"
+	ReasonPrimaryLost            = "PrimaryLost"
+	ReasonSecondaryLost          = "SecondaryLost"
+	ReasonSecondaryStarting      = "SecondaryStarting"
+	ReasonInvalidSpec            = "InvalidSpec"
+	ReasonValid                  = "SpecValid"
+	ReasonLoggingNetworkNotFound = "LoggingNetworkNotFound"
+	ReasonTemplateChanged        = "TemplateChanged"
+	ReasonTemplateCurrent        = "TemplateCurrent"
+	ReasonDiskNotFound           = "DiskNotFound"
+)
+
+// LoggingNetwork names the dedicated Multus network that carries FT logging traffic.
+type LoggingNetwork struct {
+	// Name of a NetworkAttachmentDefinition, in the FaultTolerantVM's namespace or as
+	// "namespace/name".
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Config is a CNI configuration (JSON). When set, the operator creates the
+	// NetworkAttachmentDefinition with this config if it does not exist; an existing one is
+	// never changed.
+	// +optional
+	Config string `json:"config,omitempty"`
+}
+
+// ExpectedLoad sizes the FT logging bandwidth of the VM with the white paper's formula
+// (section 2.10): bandwidth ~= (disk reads MB/s * 8 + network receives Mbit/s) * 1.2.
+type ExpectedLoad struct {
+	// DiskReadMBps is the average disk read throughput of the guest in MB/s.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	DiskReadMBps int32 `json:"diskReadMBps,omitempty"`
+	// NetworkReceiveMbps is the average network receive rate of the guest in Mbit/s.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	NetworkReceiveMbps int32 `json:"networkReceiveMbps,omitempty"`
+}
+
+// VMITemplateMeta is the metadata given to both members.
+type VMITemplateMeta struct {
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// VMITemplate is the VM that is made fault tolerant: a KubeVirt VirtualMachineInstance spec.
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.domain.memory) && has(self.spec.domain.memory.guest)) || (has(self.spec.domain.resources) && has(self.spec.domain.resources.requests) && 'memory' in self.spec.domain.resources.requests)",message="the guest memory must be set (spec.domain.memory.guest or spec.domain.resources.requests.memory): FT reserves it in full on both nodes"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.domain.devices.gpus) || size(self.spec.domain.devices.gpus) == 0",message="GPUs cannot be fault tolerant: a passthrough device's state cannot be replicated to the secondary"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.domain.devices.hostDevices) || size(self.spec.domain.devices.hostDevices) == 0",message="host devices cannot be fault tolerant: a passthrough device's state cannot be replicated to the secondary"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.volumes) || self.spec.volumes.all(v, !has(v.hostDisk))",message="hostDisk volumes cannot be fault tolerant: they live on one node; use a persistentVolumeClaim"
+type VMITemplate struct {
+	// +optional
+	Metadata VMITemplateMeta `json:"metadata,omitempty"`
+	// Spec is the KubeVirt VirtualMachineInstanceSpec of both members.
+	Spec virtv1.VirtualMachineInstanceSpec `json:"spec"`
+}
+
+// FaultTolerantVMSpec is the desired state of a FaultTolerantVM.
+type FaultTolerantVMSpec struct {
+	// RunStrategy: Running keeps a protected pair running; Halted stops both members.
+	// +kubebuilder:default=Running
+	// +optional
+	RunStrategy RunStrategy `json:"runStrategy,omitempty"`
+
+	// LoggingNetwork is the dedicated network for FT logging traffic.
+	LoggingNetwork LoggingNetwork `json:"loggingNetwork"`
+
+	// TopologyKey, when set, also keeps the two members in different domains of this node label
+	// (for example topology.kubernetes.io/zone). They are always on different nodes.
+	// +kubebuilder:validation:MaxLength=317
+	// +optional
+	TopologyKey string `json:"topologyKey,omitempty"`
+
+	// ExpectedLoad sizes the logging bandwidth that placement reserves for this VM on both nodes.
+	// Without it the operator's default per-VM bandwidth is reserved.
+	// +optional
+	ExpectedLoad *ExpectedLoad `json:"expectedLoad,omitempty"`
+
+	// Template is the VM. Changes take effect when the VM is halted and run again
+	// (see the RestartRequired condition): both members of a pair must run the same VM.
+	Template VMITemplate `json:"template"`
+}
+
+// MemberStatus describes one member of the pair.
+type MemberStatus struct {
+	// VMI is the name of the member's VirtualMachineInstance.
+	VMI string `json:"vmi"`
+	// Node is the node the member was placed on.
+	// +optional
+	Node string `json:"node,omitempty"`
+	// Phase is the VMI's phase.
+	// +optional
+	Phase virtv1.VirtualMachineInstancePhase `json:"phase,omitempty"`
+	// Since is when the member took this role.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+}
+
+// FaultTolerantVMStatus is the observed state of a FaultTolerantVM.
+type FaultTolerantVMStatus struct {
+	// ObservedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// State is the FT state.
+	// +optional
+	State FTState `json:"state,omitempty"`
+
+	// Primary is the member that runs the VM.
+	// +optional
+	Primary *MemberStatus `json:"primary,omitempty"`
+
+	// Secondary is the member that follows the primary and takes over when it is lost.
+	// +optional
+	Secondary *MemberStatus `json:"secondary,omitempty"`
+
+	// VLockstepInterval is how far the secondary trails the primary, as lockstepd measures it.
+	// +optional
+	VLockstepInterval *metav1.Duration `json:"vLockstepInterval,omitempty"`
+
+	// LogBandwidth is the FT logging traffic in bytes per second, as lockstepd measures it.
+	// +optional
+	LogBandwidth *resource.Quantity `json:"logBandwidth,omitempty"`
+
+	// ReservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
+	// each member's node, in Mbit/s.
+	// +optional
+	ReservedLogBandwidthMbps int32 `json:"reservedLogBandwidthMbps,omitempty"`
+
+	// FailoverCount counts the promotions of a secondary.
+	// +optional
+	FailoverCount int32 `json:"failoverCount,omitempty"`
+
+	// LastFailoverTime is when the last secondary was promoted.
+	// +optional
+	LastFailoverTime *metav1.Time `json:"lastFailoverTime,omitempty"`
+
+	// Conditions: Valid, PrimaryReady, SecondaryReady, Protected, RestartRequired.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM
+// survives the loss of either node.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ftvm;ftvms,categories=all;lockstep
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Primary",type=string,JSONPath=`.status.primary.node`
+// +kubebuilder:printcolumn:name="Secondary",type=string,JSONPath=`.status.secondary.node`
+// +kubebuilder:printcolumn:name="Interval",type=string,JSONPath=`.status.vLockstepInterval`
+// +kubebuilder:printcolumn:name="Bandwidth",type=string,JSONPath=`.status.logBandwidth`
+// +kubebuilder:printcolumn:name="Failovers",type=integer,JSONPath=`.status.failoverCount`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type FaultTolerantVM struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   FaultTolerantVMSpec   `json:"spec,omitempty"`
+	Status FaultTolerantVMStatus `json:"status,omitempty"`
+}
+
+// FaultTolerantVMList is a list of FaultTolerantVMs.
+//
+// +kubebuilder:object:root=true
+type FaultTolerantVMList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []FaultTolerantVM `json:"items"`
+}

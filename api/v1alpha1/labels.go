@@ -1,0 +1,50 @@
+package v1alpha1
+
+// Labels and annotations that the operator puts on the member VMIs (and their claims). They are
+// the contract between the operator, lockstepd and anyone selecting members with kubectl.
+const (
+	// LabelPair names the FaultTolerantVM that a member belongs to.
+	LabelPair = "ft.lockstep.dev/pair"
+	// LabelRole is "primary" or "secondary".
+	LabelRole = "ft.lockstep.dev/role"
+	// LabelNode is the node that placement chose for the member.
+	LabelNode = "ft.lockstep.dev/node"
+	// LabelMember, on a claim the operator created, names the member VMI that uses it.
+	LabelMember = "ft.lockstep.dev/member"
+	// LabelManagedBy marks objects the operator created.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ManagedByValue is LabelManagedBy's value.
+	ManagedByValue = "lockstep"
+
+	// AnnotationOrdinal counts the members of a pair: the first primary is 1.
+	AnnotationOrdinal = "ft.lockstep.dev/ordinal"
+	// AnnotationRoleSince is when the member took its role (RFC 3339).
+	AnnotationRoleSince = "ft.lockstep.dev/role-since"
+	// AnnotationTemplate holds the template the member was built from (JSON), so that a new
+	// secondary is built from exactly what the surviving primary runs.
+	AnnotationTemplate = "ft.lockstep.dev/template"
+	// AnnotationTemplateHash is a hash of AnnotationTemplate.
+	AnnotationTemplateHash = "ft.lockstep.dev/template-hash"
+	// AnnotationReservedLogBandwidth is the logging bandwidth (Mbit/s) placement reserved for the
+	// member on its node.
+	AnnotationReservedLogBandwidth = "ft.lockstep.dev/reserved-log-bandwidth-mbps"
+	// AnnotationSourceClaim, on a claim the operator created for a member's copy of a disk, names
+	// the user's claim it copies.
+	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
+
+	// AnnotationNodeMaxVMs, on a Node, overrides the cluster's FT VM limit for that node.
+	AnnotationNodeMaxVMs = "ft.lockstep.dev/max-ft-vms"
+	// AnnotationNodeMaxVCPUs, on a Node, overrides the cluster's FT vCPU limit for that node.
+	AnnotationNodeMaxVCPUs = "ft.lockstep.dev/max-ft-vcpus"
+	// AnnotationNodeLogBandwidth, on a Node, overrides the logging bandwidth budget (Mbit/s).
+	AnnotationNodeLogBandwidth = "ft.lockstep.dev/log-bandwidth-mbps"
+
+	// Finalizer keeps a FaultTolerantVM until its members are gone.
+	Finalizer = "ft.lockstep.dev/members"
+)
+
+// Roles of a member, the values of LabelRole.
+const (
+	RolePrimary   = "primary"
+	RoleSecondary = "secondary"
+)

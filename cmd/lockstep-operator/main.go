@@ -1,0 +1,86 @@
+// Command lockstep-operator is the controller manager of lockstep: it runs the FaultTolerantVM
+// reconciler.
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"os"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+func main() {
+	var (
+		metricsAddr, probeAddr  string
+		secureMetrics, enableLE bool
+		cfg                     controllers.Config
+		limits                  placement.Limits
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
+	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, authenticated and authorized by the API server.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
+	flag.BoolVar(&enableLE, "leader-elect", true, "Elect a leader, so that one replica places members at a time.")
+	flag.IntVar(&limits.MaxMembers, "max-ft-vms-per-node", 4, "FT limit: FT VM members (primaries and secondaries) per node; a node's ft.lockstep.dev/max-ft-vms annotation overrides it.")
+	flag.IntVar(&limits.MaxVCPUs, "max-ft-vcpus-per-node", 8, "FT limit: vCPUs of FT VM members per node; ft.lockstep.dev/max-ft-vcpus overrides it.")
+	flag.IntVar(&limits.LogBandwidthMbps, "node-log-bandwidth-mbps", 1000, "Logging bandwidth budget of a node in Mbit/s (0: not budgeted); ft.lockstep.dev/log-bandwidth-mbps overrides it.")
+	flag.IntVar(&cfg.DefaultLogBandwidthMbps, "default-vm-log-bandwidth-mbps", 100, "Logging bandwidth reserved for a VM without spec.expectedLoad, in Mbit/s.")
+	flag.DurationVar(&cfg.NodeLostGrace, "node-lost-grace", 40*time.Second, "How long a node may be NotReady or unreachable before its members are lost.")
+	flag.DurationVar(&cfg.RetryInterval, "retry-interval", 30*time.Second, "How often a FaultTolerantVM that waits for a node is retried (node and VMI events retry at once).")
+	flag.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Parallel reconciles; placement itself is serialized.")
+	flag.StringVar(&cfg.Member.PriorityClassName, "priority-class", "lockstep-ft", "Priority class of members whose template names none.")
+	flag.BoolVar(&cfg.Member.DedicatedCPUPlacement, "dedicated-cpu-placement", false, "Pin each vCPU to a host CPU (needs the kubelet CPU manager).")
+	opts := zap.Options{}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	setupLog := ctrl.Log.WithName("setup")
+
+	metricsOpts := metricsserver.Options{
+		BindAddress:   metricsAddr,
+		SecureServing: secureMetrics,
+		// HTTP/2 is off: it exposes the server to the HTTP/2 Stream Cancellation and Rapid Reset CVEs.
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+	}
+	if secureMetrics {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 controllers.NewScheme(),
+		Metrics:                metricsOpts,
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         enableLE,
+		LeaderElectionID:       "lockstep-operator.ft.lockstep.dev",
+		Cache:                  controllers.CacheOptions(),
+	})
+	if err != nil {
+		setupLog.Error(err, "creating the manager")
+		os.Exit(1)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	if err := controllers.Setup(ctx, mgr, cfg, limits); err != nil {
+		setupLog.Error(err, "setting up the controllers")
+		os.Exit(1)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		setupLog.Error(err, "adding the health check")
+		os.Exit(1)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		setupLog.Error(err, "adding the readiness check")
+		os.Exit(1)
+	}
+	setupLog.Info("starting", "limits", limits, "nodeLostGrace", cfg.NodeLostGrace)
+	if err := mgr.Start(ctx); err != nil {
+		setupLog.Error(err, "running the manager")
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,636 @@
+package controllers_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/member"
+)
+
+var _ = Describe("FaultTolerantVM", func() {
+	var ns string
+
+	BeforeEach(func() {
+		ns = newNamespace()
+	})
+	AfterEach(func() {
+		deleteAllFTVMs(ns)
+		deleteAllNodes()
+	})
+
+	Context("on a healthy cluster", func() {
+		BeforeEach(func() {
+			for i, zone := range []string{"zone-a", "zone-a", "zone-b"} {
+				makeNode(fmt.Sprintf("node-%d", i+1), zone)
+			}
+		})
+
+		It("runs a primary and a secondary on two nodes, with anti-affinity, full reservations and the logging network", func() {
+			ftvm := newFTVM(ns, "mail-01")
+			ftvm.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 2}
+			ftvm.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}
+			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
+
+			got := waitForState(ns, "mail-01", ftv1.StateProtected)
+			Expect(got.Status.Primary).NotTo(BeNil())
+			Expect(got.Status.Secondary).NotTo(BeNil())
+			Expect(got.Status.Primary.Node).NotTo(Equal(got.Status.Secondary.Node))
+			Expect(got.Status.Primary.VMI).To(Equal("mail-01-1"))
+			Expect(got.Status.Secondary.VMI).To(Equal("mail-01-2"))
+			Expect(got.Status.ObservedGeneration).To(Equal(got.Generation))
+			Expect(got.Finalizers).To(ContainElement(ftv1.Finalizer))
+			for _, typ := range []string{ftv1.ConditionValid, ftv1.ConditionPrimaryReady, ftv1.ConditionSecondaryReady, ftv1.ConditionProtected} {
+				Expect(condition(got, typ).Status).To(Equal(metav1.ConditionTrue), typ)
+			}
+			Expect(condition(got, ftv1.ConditionRestartRequired).Status).To(Equal(metav1.ConditionFalse))
+
+			var vmis []virtv1.VirtualMachineInstance
+			Eventually(func() int { vmis = members(ns, "mail-01"); return len(vmis) }, timeout, interval).Should(Equal(2))
+			macs := map[string]bool{}
+			for _, v := range vmis {
+				By("member " + v.Name)
+				Expect(metav1.IsControlledBy(&v, got)).To(BeTrue())
+				Expect(v.Labels).To(HaveKeyWithValue("app", "mail-01"))
+				Expect(v.Labels).To(HaveKeyWithValue(ftv1.LabelPair, "mail-01"))
+				Expect(v.Labels[ftv1.LabelRole]).To(BeElementOf(ftv1.RolePrimary, ftv1.RoleSecondary))
+
+				// Full reservations: guest memory == request == limit; CPU request == limit == vCPUs.
+				res := v.Spec.Domain.Resources
+				Expect(v.Spec.Domain.Memory.Guest.String()).To(Equal("1Gi"))
+				Expect(res.Requests.Memory().String()).To(Equal("1Gi"))
+				Expect(res.Limits.Memory().String()).To(Equal("1Gi"))
+				Expect(res.Requests.Cpu().String()).To(Equal("2"))
+				Expect(res.Limits.Cpu().String()).To(Equal("2"))
+				Expect(*v.Spec.EvictionStrategy).To(Equal(virtv1.EvictionStrategyExternal))
+				Expect(v.Spec.PriorityClassName).To(Equal("lockstep-ft"))
+
+				// Pinned to the node placement chose, and kept apart from the other member.
+				node := v.Labels[ftv1.LabelNode]
+				terms := v.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+				Expect(terms).To(HaveLen(1))
+				Expect(terms[0].MatchFields).To(ContainElement(corev1.NodeSelectorRequirement{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}))
+				anti := v.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+				Expect(anti).To(ContainElement(corev1.PodAffinityTerm{
+					LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{ftv1.LabelPair: "mail-01"}},
+					TopologyKey:   corev1.LabelHostname,
+				}))
+
+				// The logging network, through Multus.
+				Expect(v.Spec.Networks).To(ContainElement(virtv1.Network{Name: member.LoggingInterfaceName,
+					NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: ns + "/ft-logging"}}}))
+				Expect(v.Spec.Domain.Devices.Interfaces).To(ContainElement(HaveField("Name", member.LoggingInterfaceName)))
+
+				// Both members present the same hardware to the guest.
+				Expect(v.Spec.Domain.Firmware.UUID).To(Equal(got.UID))
+				for _, iface := range v.Spec.Domain.Devices.Interfaces {
+					if iface.Name == "default" {
+						macs[iface.MacAddress] = true
+					}
+				}
+			}
+			Expect(macs).To(HaveLen(1))
+
+			Eventually(func() []string { return eventReasons(ns, "mail-01") }, timeout, interval).Should(ContainElements("MemberCreated", ftv1.ReasonProtected))
+		})
+
+		It("keeps members in different zones when asked", func() {
+			ftvm := newFTVM(ns, "zoned")
+			ftvm.Spec.TopologyKey = corev1.LabelTopologyZone
+			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
+			got := waitForState(ns, "zoned", ftv1.StateProtected)
+			zoneOf := func(node string) string {
+				n := &corev1.Node{}
+				Expect(k8s.Get(ctx(), types.NamespacedName{Name: node}, n)).To(Succeed())
+				return n.Labels[corev1.LabelTopologyZone]
+			}
+			Expect(zoneOf(got.Status.Primary.Node)).NotTo(Equal(zoneOf(got.Status.Secondary.Node)))
+			v, err := getVMI(ns, got.Status.Secondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(v.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution).To(ContainElement(HaveField("TopologyKey", corev1.LabelTopologyZone)))
+		})
+
+		It("shows state, nodes, interval and bandwidth as printer columns", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "cols"))).To(Succeed())
+			got := waitForState(ns, "cols", ftv1.StateProtected)
+			// lockstepd reports these; set them as it would.
+			base := got.DeepCopy()
+			got.Status.VLockstepInterval = &metav1.Duration{Duration: 10 * time.Millisecond}
+			q := resource.MustParse("83k")
+			got.Status.LogBandwidth = &q
+			Expect(k8s.Status().Patch(ctx(), got, client.MergeFrom(base))).To(Succeed())
+
+			table := getTable(ns, "cols")
+			var names []string
+			for _, c := range table.ColumnDefinitions {
+				names = append(names, c.Name)
+			}
+			Expect(names).To(Equal([]string{"Name", "State", "Primary", "Secondary", "Interval", "Bandwidth", "Failovers", "Age"}))
+			Expect(table.Rows).To(HaveLen(1))
+			cells := table.Rows[0].Cells
+			Expect(cells[0:6]).To(Equal([]interface{}{"cols", "Protected", got.Status.Primary.Node, got.Status.Secondary.Node, "10ms", "83k"}))
+		})
+
+		It("stops both members when halted and starts them again when running", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "halt"))).To(Succeed())
+			waitForState(ns, "halt", ftv1.StateProtected)
+			patchRunStrategy(ns, "halt", ftv1.RunStrategyHalted)
+			got := waitForState(ns, "halt", ftv1.StateStopped)
+			Eventually(func() int { return len(members(ns, "halt")) }, timeout, interval).Should(BeZero())
+			Expect(condition(got, ftv1.ConditionProtected).Reason).To(Equal(ftv1.ReasonHalted))
+			patchRunStrategy(ns, "halt", ftv1.RunStrategyRunning)
+			waitForState(ns, "halt", ftv1.StateProtected)
+		})
+
+		It("reports RestartRequired when the template changes, and leaves the members alone", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "upd"))).To(Succeed())
+			waitForState(ns, "upd", ftv1.StateProtected)
+			before := members(ns, "upd")
+			ftvm := getFTVM(ns, "upd")
+			base := ftvm.DeepCopy()
+			ftvm.Spec.Template.Metadata.Labels["tier"] = "gold"
+			Expect(k8s.Patch(ctx(), ftvm, client.MergeFrom(base))).To(Succeed())
+			Eventually(func() metav1.ConditionStatus {
+				return condition(getFTVM(ns, "upd"), ftv1.ConditionRestartRequired).Status
+			}, timeout, interval).Should(Equal(metav1.ConditionTrue))
+			Expect(getFTVM(ns, "upd").Status.State).To(Equal(ftv1.StateProtected))
+			Expect(resourceVersions(members(ns, "upd"))).To(Equal(resourceVersions(before)))
+		})
+
+		It("gives the secondary its own blank copy of each persistent disk", func() {
+			class := "fast"
+			Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "db-root", Namespace: ns},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					StorageClassName: &class,
+					Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("20Gi")}},
+				},
+			})).To(Succeed())
+			ftvm := newFTVM(ns, "db")
+			ftvm.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+				PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "db-root"}}}
+			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
+			got := waitForState(ns, "db", ftv1.StateProtected)
+
+			claimOf := func(vmi string) string {
+				v, err := getVMI(ns, vmi)
+				Expect(err).NotTo(HaveOccurred())
+				return v.Spec.Volumes[0].PersistentVolumeClaim.ClaimName
+			}
+			Expect(claimOf(got.Status.Primary.VMI)).To(Equal("db-root"))
+			copyName := claimOf(got.Status.Secondary.VMI)
+			Expect(copyName).To(Equal("db-2-root"))
+			pvc := &corev1.PersistentVolumeClaim{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: copyName}, pvc)).To(Succeed())
+			Expect(*pvc.Spec.StorageClassName).To(Equal("fast"))
+			Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("20Gi"))
+			Expect(pvc.Annotations).To(HaveKeyWithValue(ftv1.AnnotationSourceClaim, "db-root"))
+			Expect(metav1.IsControlledBy(pvc, got)).To(BeTrue())
+		})
+
+		It("waits for a missing logging network, and creates one from the given config", func() {
+			ftvm := newFTVM(ns, "nonet")
+			ftvm.Spec.LoggingNetwork.Name = "other-net"
+			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
+			Eventually(func() string {
+				c := condition(getFTVM(ns, "nonet"), ftv1.ConditionPrimaryReady)
+				if c == nil {
+					return ""
+				}
+				return c.Reason
+			}, timeout, interval).Should(Equal(ftv1.ReasonLoggingNetworkNotFound))
+			Consistently(func() int { return len(members(ns, "nonet")) }, time.Second, interval).Should(BeZero())
+
+			withConfig := newFTVM(ns, "mknet")
+			withConfig.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
+			Expect(k8s.Create(ctx(), withConfig)).To(Succeed())
+			waitForState(ns, "mknet", ftv1.StateProtected)
+			nad := &nadv1.NetworkAttachmentDefinition{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "made-net"}, nad)).To(Succeed())
+			Expect(nad.Spec.Config).To(ContainSubstring(`"bridge"`))
+
+			By("creating the missing network, the waiting VM starts")
+			Expect(k8s.Create(ctx(), &nadv1.NetworkAttachmentDefinition{
+				ObjectMeta: metav1.ObjectMeta{Name: "other-net", Namespace: ns},
+				Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"bridge"}`},
+			})).To(Succeed())
+			waitForState(ns, "nonet", ftv1.StateProtected)
+		})
+
+		It("deletes its members when it is deleted", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "gone"))).To(Succeed())
+			got := waitForState(ns, "gone", ftv1.StateProtected)
+			Expect(k8s.Delete(ctx(), got)).To(Succeed())
+			Eventually(isGone(ns, got.Status.Primary.VMI), timeout, interval).Should(BeTrue())
+			Eventually(isGone(ns, got.Status.Secondary.VMI), timeout, interval).Should(BeTrue())
+			Eventually(func() bool {
+				err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "gone"}, &ftv1.FaultTolerantVM{})
+				return client.IgnoreNotFound(err) == nil && err != nil
+			}, timeout, interval).Should(BeTrue())
+		})
+	})
+
+	Context("when a node is lost", func() {
+		var got *ftv1.FaultTolerantVM
+		BeforeEach(func() {
+			for i := 1; i <= 3; i++ {
+				makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+			}
+			Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+			got = waitForState(ns, "vm", ftv1.StateProtected)
+		})
+
+		It("promotes the secondary when the primary's node goes NotReady, and starts a new secondary elsewhere", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			setNodeReady(oldPrimary.Node, false)
+
+			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
+			after := waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI), "the secondary is promoted, not restarted")
+			Expect(after.Status.Primary.Node).To(Equal(oldSecondary.Node))
+			Expect(after.Status.Secondary.VMI).To(Equal("vm-3"))
+			Expect(after.Status.Secondary.Node).NotTo(BeElementOf(oldPrimary.Node, oldSecondary.Node))
+			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
+			Expect(after.Status.LastFailoverTime).NotTo(BeNil())
+			promoted, err := getVMI(ns, oldSecondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(promoted.Labels[ftv1.LabelRole]).To(Equal(ftv1.RolePrimary))
+			Expect(promoted.Status.Phase).To(Equal(virtv1.Running))
+			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonPromoted))
+			Expect(failoverMetric(ns, "vm")).To(Equal(1.0))
+		})
+
+		It("starts a new secondary when the secondary's node is deleted", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: oldSecondary.Node}})).To(Succeed())
+			Eventually(isGone(ns, oldSecondary.VMI), timeout, interval).Should(BeTrue())
+			after := waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(after.Status.Primary.VMI).To(Equal(oldPrimary.VMI), "the primary is untouched")
+			Expect(after.Status.Secondary.Node).NotTo(BeElementOf(oldPrimary.Node, oldSecondary.Node))
+			Expect(after.Status.FailoverCount).To(BeZero())
+			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonSecondaryLost))
+		})
+
+		It("treats KubeVirt's PodNotExists as the loss of the member", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			vmi, err := getVMI(ns, oldPrimary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			base := vmi.DeepCopy()
+			vmi.Status.Conditions = []virtv1.VirtualMachineInstanceCondition{{Type: virtv1.VirtualMachineInstanceReady, Status: corev1.ConditionFalse, Reason: virtv1.PodNotExistsReason}}
+			Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
+			Eventually(func() string { return getFTVM(ns, "vm").Status.Primary.VMI }, timeout, interval).Should(Equal(oldSecondary.VMI))
+			waitForState(ns, "vm", ftv1.StateProtected)
+		})
+
+		It("waits for the grace period before judging a NotReady node lost", func() {
+			node := &corev1.Node{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: got.Status.Primary.Node}, node)).To(Succeed())
+			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
+			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			Eventually(func() string {
+				return condition(getFTVM(ns, "vm"), ftv1.ConditionPrimaryReady).Reason
+			}, timeout, interval).Should(Equal("NodeNotReady"))
+			Expect(getFTVM(ns, "vm").Status.FailoverCount).To(BeZero(), "not before the grace period")
+			Eventually(func() int32 { return getFTVM(ns, "vm").Status.FailoverCount }, timeout, interval).Should(Equal(int32(1)))
+		})
+	})
+
+	Context("when the cluster is full", func() {
+		It("never exceeds the FT limit, reports NotProtected with the reason, and protects when a node is added", func() {
+			recorder := recordMembersPerNode()
+			defer recorder.stop()
+			for i := 1; i <= 4; i++ {
+				makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+			}
+			// 12 pairs need 24 members; 4 nodes take 16 (limit 4 each).
+			const pairs = 12
+			var wg sync.WaitGroup
+			for i := range pairs {
+				wg.Add(1)
+				go func() {
+					defer GinkgoRecover()
+					defer wg.Done()
+					Expect(k8s.Create(ctx(), newFTVM(ns, fmt.Sprintf("vm-%02d", i)))).To(Succeed())
+				}()
+			}
+			wg.Wait()
+
+			Eventually(func() int { return countMembers(ns) }, timeout, interval).Should(Equal(16))
+			// Every pair that is not protected waits for a node and says so: without a member
+			// (Starting) or without a secondary (NotProtected).
+			var waiting []string
+			Eventually(func(g Gomega) {
+				waiting = nil
+				placed := 0
+				for i := range pairs {
+					f := getFTVM(ns, fmt.Sprintf("vm-%02d", i))
+					if f.Status.State == ftv1.StateProtected {
+						placed += 2
+						continue
+					}
+					g.Expect(f.Status.State).To(BeElementOf(ftv1.StateStarting, ftv1.StateNotProtected))
+					c := condition(f, ftv1.ConditionProtected)
+					g.Expect(c).NotTo(BeNil())
+					g.Expect(c.Reason).To(Equal(ftv1.ReasonNoEligibleNode))
+					g.Expect(c.Message).To(MatchRegexp(`[34] FT VM limit reached`))
+					if f.Status.Primary != nil {
+						placed++
+					}
+					waiting = append(waiting, f.Name)
+				}
+				g.Expect(placed).To(Equal(16))
+				g.Expect(waiting).NotTo(BeEmpty())
+			}, timeout, interval).Should(Succeed())
+			Expect(eventReasons(ns, waiting[0])).To(ContainElement(ftv1.ReasonNoEligibleNode))
+
+			By("adding two nodes, the waiting pairs get secondaries")
+			makeNode("node-5", "zone-b")
+			makeNode("node-6", "zone-b")
+			for i := range pairs {
+				waitForState(ns, fmt.Sprintf("vm-%02d", i), ftv1.StateProtected)
+			}
+			Expect(countMembers(ns)).To(Equal(2 * pairs))
+			Expect(recorder.max()).To(BeNumerically("<=", testLimits.MaxMembers), "members per node, at any moment: %v", recorder.peaks())
+			Expect(recorder.sharedNode()).To(BeEmpty(), "pairs with both members on one node")
+		})
+
+		It("honours a node's own FT limit", func() {
+			makeNode("small", "zone-a")
+			makeNode("big", "zone-a")
+			node := &corev1.Node{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: "small"}, node)).To(Succeed())
+			base := node.DeepCopy()
+			node.Annotations = map[string]string{ftv1.AnnotationNodeMaxVMs: "1"}
+			Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
+			for i := range 2 {
+				Expect(k8s.Create(ctx(), newFTVM(ns, fmt.Sprintf("vm-%d", i)))).To(Succeed())
+			}
+			// Two pairs need four members; big and small (limit 1) hold three. Which pair is
+			// protected depends on the order of the reconciles.
+			Eventually(func() int { return countMembers(ns) }, timeout, interval).Should(Equal(3))
+			Eventually(func() []ftv1.FTState {
+				return []ftv1.FTState{getFTVM(ns, "vm-0").Status.State, getFTVM(ns, "vm-1").Status.State}
+			}, timeout, interval).Should(ContainElement(ftv1.StateProtected))
+			Consistently(func() int { return membersOnNode("small") }, 2*time.Second, interval).Should(Equal(1))
+		})
+	})
+
+	Context("admission", func() {
+		It("rejects what cannot be protected, with a clear message", func() {
+			gpu := newFTVM(ns, "gpu")
+			gpu.Spec.Template.Spec.Domain.Devices.GPUs = []virtv1.GPU{{Name: "g", DeviceName: "nvidia.com/A100"}}
+			err := k8s.Create(ctx(), gpu)
+			Expect(err).To(MatchError(ContainSubstring("GPUs cannot be fault tolerant")))
+
+			noMem := newFTVM(ns, "nomem")
+			noMem.Spec.Template.Spec.Domain.Memory = nil
+			Expect(k8s.Create(ctx(), noMem)).To(MatchError(ContainSubstring("the guest memory must be set")))
+
+			host := newFTVM(ns, "hostdisk")
+			host.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{HostDisk: &virtv1.HostDisk{Path: "/x", Type: virtv1.HostDiskExists}}
+			Expect(k8s.Create(ctx(), host)).To(MatchError(ContainSubstring("hostDisk volumes cannot be fault tolerant")))
+
+			badRun := newFTVM(ns, "badrun")
+			badRun.Spec.RunStrategy = "Sometimes"
+			Expect(k8s.Create(ctx(), badRun)).To(MatchError(ContainSubstring("Unsupported value")))
+		})
+
+		It("reports a spec that admission cannot judge in status, and starts nothing", func() {
+			makeNode("node-1", "zone-a")
+			makeNode("node-2", "zone-a")
+			dv := newFTVM(ns, "dv")
+			dv.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "x"}}
+			Expect(k8s.Create(ctx(), dv)).To(Succeed())
+			Eventually(func() string {
+				c := condition(getFTVM(ns, "dv"), ftv1.ConditionValid)
+				if c == nil || c.Status != metav1.ConditionFalse {
+					return ""
+				}
+				return c.Message
+			}, timeout, interval).Should(ContainSubstring("dataVolume volumes are not supported"))
+			Consistently(func() int { return len(members(ns, "dv")) }, time.Second, interval).Should(BeZero())
+			Expect(eventReasons(ns, "dv")).To(ContainElement(ftv1.ReasonInvalidSpec))
+		})
+	})
+
+	Context("across an operator restart", func() {
+		It("changes nothing", func() {
+			for i := 1; i <= 3; i++ {
+				makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+			}
+			for i := range 3 {
+				Expect(k8s.Create(ctx(), newFTVM(ns, fmt.Sprintf("vm-%d", i)))).To(Succeed())
+			}
+			for i := range 3 {
+				waitForState(ns, fmt.Sprintf("vm-%d", i), ftv1.StateProtected)
+			}
+			var before virtv1.VirtualMachineInstanceList
+			Expect(k8s.List(ctx(), &before, client.InNamespace(ns))).To(Succeed())
+			statusBefore := map[string]ftv1.FaultTolerantVMStatus{}
+			for i := range 3 {
+				f := getFTVM(ns, fmt.Sprintf("vm-%d", i))
+				statusBefore[f.Name] = f.Status
+			}
+
+			operator.stop()
+			reconciles := reconcileCount()
+			operator = startOperator()
+			// The new manager reconciles every FaultTolerantVM once it has synced.
+			Eventually(reconcileCount, timeout, interval).Should(BeNumerically(">=", reconciles+3))
+			Consistently(func(g Gomega) {
+				var after virtv1.VirtualMachineInstanceList
+				g.Expect(k8s.List(ctx(), &after, client.InNamespace(ns))).To(Succeed())
+				g.Expect(resourceVersions(after.Items)).To(Equal(resourceVersions(before.Items)))
+				for name, st := range statusBefore {
+					g.Expect(getFTVM(ns, name).Status).To(Equal(st))
+				}
+			}, 3*time.Second, 200*time.Millisecond).Should(Succeed())
+		})
+	})
+})
+
+func patchRunStrategy(ns, name string, rs ftv1.RunStrategy) {
+	ftvm := getFTVM(ns, name)
+	base := ftvm.DeepCopy()
+	ftvm.Spec.RunStrategy = rs
+	Expect(k8s.Patch(ctx(), ftvm, client.MergeFrom(base))).To(Succeed())
+}
+
+func resourceVersions(vmis []virtv1.VirtualMachineInstance) map[string]string {
+	out := map[string]string{}
+	for _, v := range vmis {
+		out[v.Name] = v.ResourceVersion
+	}
+	return out
+}
+
+func countMembers(ns string) int {
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx(), &vmis, client.InNamespace(ns))).To(Succeed())
+	return len(vmis.Items)
+}
+
+func membersOnNode(node string) int {
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx(), &vmis, client.MatchingLabels{ftv1.LabelNode: node})).To(Succeed())
+	return len(vmis.Items)
+}
+
+// getTable asks the API server for the FaultTolerantVM as kubectl does, as a Table, so that the
+// printer columns are checked as a user sees them.
+func getTable(ns, name string) *metav1.Table {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &ftv1.GroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(controllers.NewScheme()).WithoutConversion()
+	rc, err := rest.RESTClientFor(c)
+	Expect(err).NotTo(HaveOccurred())
+	raw, err := rc.Get().Namespace(ns).Resource("faulttolerantvms").Name(name).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx()).Raw()
+	Expect(err).NotTo(HaveOccurred())
+	table := &metav1.Table{}
+	Expect(json.Unmarshal(raw, table)).To(Succeed())
+	return table
+}
+
+func failoverMetric(ns, name string) float64 {
+	return gauge("lockstep_ftvm_failovers_total", map[string]string{"namespace": ns, "name": name})
+}
+
+func reconcileCount() float64 {
+	return gauge("controller_runtime_reconcile_total", map[string]string{"controller": "faulttolerantvm", "result": "success"}) +
+		gauge("controller_runtime_reconcile_total", map[string]string{"controller": "faulttolerantvm", "result": "requeue_after"})
+}
+
+// gauge reads a metric's value from controller-runtime's registry.
+func gauge(name string, labels map[string]string) float64 {
+	families, err := crmetrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for k, v := range labels {
+				if labelValue(m, k) != v {
+					continue metrics
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// membersPerNode watches member VMIs and records, at every moment, how many each node holds and
+// whether a pair ever had both members on one node.
+type membersPerNode struct {
+	mu     sync.Mutex
+	cur    map[string]map[string]bool // node -> VMI keys
+	peak   map[string]int
+	shared map[string]bool // pair keys that shared a node
+	pairOf map[string]string
+	w      watch.Interface
+	done   chan struct{}
+}
+
+func recordMembersPerNode() *membersPerNode {
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: controllers.NewScheme()})
+	Expect(err).NotTo(HaveOccurred())
+	w, err := wc.Watch(ctx(), &virtv1.VirtualMachineInstanceList{})
+	Expect(err).NotTo(HaveOccurred())
+	r := &membersPerNode{cur: map[string]map[string]bool{}, peak: map[string]int{}, shared: map[string]bool{}, pairOf: map[string]string{}, w: w, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for ev := range w.ResultChan() {
+			vmi, ok := ev.Object.(*virtv1.VirtualMachineInstance)
+			if !ok {
+				continue
+			}
+			node, key := vmi.Labels[ftv1.LabelNode], vmi.Namespace+"/"+vmi.Name
+			r.mu.Lock()
+			if r.cur[node] == nil {
+				r.cur[node] = map[string]bool{}
+			}
+			if ev.Type == watch.Deleted {
+				delete(r.cur[node], key)
+			} else {
+				r.cur[node][key] = true
+				pair := vmi.Namespace + "/" + vmi.Labels[ftv1.LabelPair]
+				r.pairOf[key] = pair
+				for other := range r.cur[node] {
+					if other != key && r.pairOf[other] == pair {
+						r.shared[pair] = true
+					}
+				}
+			}
+			r.peak[node] = max(r.peak[node], len(r.cur[node]))
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+func (r *membersPerNode) stop() { r.w.Stop(); <-r.done }
+
+func (r *membersPerNode) max() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := 0
+	for _, p := range r.peak {
+		m = max(m, p)
+	}
+	return m
+}
+
+func (r *membersPerNode) peaks() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range r.peak {
+		out[k] = v
+	}
+	return out
+}
+
+func (r *membersPerNode) sharedNode() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for p := range r.shared {
+		out = append(out, p)
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+const (
+	timeout  = 30 * time.Second
+	interval = 100 * time.Millisecond
+)
+
+// newNamespace makes a namespace with the logging network in it.
+func newNamespace() string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ft-"}}
+	Expect(k8s.Create(ctx(), ns)).To(Succeed())
+	Expect(k8s.Create(ctx(), &nadv1.NetworkAttachmentDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: ns.Name},
+		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
+	})).To(Succeed())
+	return ns.Name
+}
+
+func ctx() context.Context { return suiteCtx }
+
+// makeNode creates a Ready node with a zone label.
+func makeNode(name, zone string) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone,
+	}}}
+	Expect(k8s.Create(ctx(), node)).To(Succeed())
+	setNodeReady(name, true)
+}
+
+// setNodeReady sets the node's Ready condition; a node set not Ready went down an hour ago, so
+// that it is lost at once. It also does what the node lifecycle controller (not running in
+// envtest) would: the not-ready taint that admission puts on a new node goes when it is Ready.
+func setNodeReady(name string, ready bool) {
+	Eventually(func() error {
+		node := &corev1.Node{}
+		if err := k8s.Get(ctx(), types.NamespacedName{Name: name}, node); err != nil {
+			return err
+		}
+		var taints []corev1.Taint
+		for _, t := range node.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady || !ready {
+				taints = append(taints, t)
+			}
+		}
+		node.Spec.Taints = taints
+		return k8s.Update(ctx(), node)
+	}, timeout, interval).Should(Succeed())
+	Eventually(func() error {
+		node := &corev1.Node{}
+		if err := k8s.Get(ctx(), types.NamespacedName{Name: name}, node); err != nil {
+			return err
+		}
+		status, since := corev1.ConditionTrue, metav1.Now()
+		if !ready {
+			status, since = corev1.ConditionUnknown, metav1.NewTime(time.Now().Add(-time.Hour))
+		}
+		node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastTransitionTime: since, LastHeartbeatTime: since, Reason: "Test"}}
+		node.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi")}
+		node.Status.Allocatable = node.Status.Capacity
+		return k8s.Status().Update(ctx(), node)
+	}, timeout, interval).Should(Succeed())
+}
+
+// deleteAllNodes removes every node, so that each test places on its own nodes.
+func deleteAllNodes() {
+	Expect(k8s.DeleteAllOf(ctx(), &corev1.Node{})).To(Succeed())
+	Eventually(func() int {
+		var nodes corev1.NodeList
+		Expect(k8s.List(ctx(), &nodes)).To(Succeed())
+		return len(nodes.Items)
+	}, timeout, interval).Should(BeZero())
+}
+
+// deleteAllFTVMs deletes the FaultTolerantVMs of a namespace and waits until they and their
+// members are gone.
+func deleteAllFTVMs(ns string) {
+	Expect(k8s.DeleteAllOf(ctx(), &ftv1.FaultTolerantVM{}, client.InNamespace(ns))).To(Succeed())
+	Eventually(func() int {
+		var list ftv1.FaultTolerantVMList
+		Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
+		return len(list.Items)
+	}, timeout, interval).Should(BeZero())
+}
+
+// newFTVM is a 1 vCPU, 1 GiB FaultTolerantVM.
+func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
+	guest := resource.MustParse("1Gi")
+	return &ftv1.FaultTolerantVM{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: ftv1.FaultTolerantVMSpec{
+			LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+			Template: ftv1.VMITemplate{
+				Metadata: ftv1.VMITemplateMeta{Labels: map[string]string{"app": name}},
+				Spec: virtv1.VirtualMachineInstanceSpec{
+					Domain: virtv1.DomainSpec{
+						CPU:    &virtv1.CPU{Cores: 1},
+						Memory: &virtv1.Memory{Guest: &guest},
+						Devices: virtv1.Devices{
+							Disks:      []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}}},
+							Interfaces: []virtv1.Interface{{Name: "default", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Masquerade: &virtv1.InterfaceMasquerade{}}}},
+						},
+					},
+					Networks: []virtv1.Network{{Name: "default", NetworkSource: virtv1.NetworkSource{Pod: &virtv1.PodNetwork{}}}},
+					Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{
+						ContainerDisk: &virtv1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:latest"},
+					}}},
+				},
+			},
+		},
+	}
+}
+
+func getFTVM(ns, name string) *ftv1.FaultTolerantVM {
+	ftvm := &ftv1.FaultTolerantVM{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, ftvm)).To(Succeed())
+	return ftvm
+}
+
+// waitForState waits until the FaultTolerantVM is in the state and returns it.
+func waitForState(ns, name string, state ftv1.FTState) *ftv1.FaultTolerantVM {
+	GinkgoHelper()
+	var ftvm *ftv1.FaultTolerantVM
+	Eventually(func(g Gomega) {
+		ftvm = &ftv1.FaultTolerantVM{}
+		g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, ftvm)).To(Succeed())
+		g.Expect(ftvm.Status.State).To(Equal(state), "conditions: %s", conditionsOf(ftvm))
+	}, timeout, interval).Should(Succeed())
+	return ftvm
+}
+
+func conditionsOf(ftvm *ftv1.FaultTolerantVM) string {
+	out := ""
+	for _, c := range ftvm.Status.Conditions {
+		out += fmt.Sprintf("[%s=%s %s: %s] ", c.Type, c.Status, c.Reason, c.Message)
+	}
+	return out
+}
+
+func condition(ftvm *ftv1.FaultTolerantVM, typ string) *metav1.Condition {
+	return apimeta.FindStatusCondition(ftvm.Status.Conditions, typ)
+}
+
+// members lists the member VMIs of a FaultTolerantVM.
+func members(ns, name string) []virtv1.VirtualMachineInstance {
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx(), &vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: name})).To(Succeed())
+	return vmis.Items
+}
+
+func getVMI(ns, name string) (*virtv1.VirtualMachineInstance, error) {
+	vmi := &virtv1.VirtualMachineInstance{}
+	err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, vmi)
+	return vmi, err
+}
+
+func isGone(ns, name string) func() bool {
+	return func() bool {
+		_, err := getVMI(ns, name)
+		return apierrors.IsNotFound(err)
+	}
+}
+
+// events returns the reasons of the events about an object.
+func eventReasons(ns, name string) []string {
+	var list corev1.EventList
+	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
+	var reasons []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == name {
+			reasons = append(reasons, e.Reason)
+		}
+	}
+	return reasons
+}

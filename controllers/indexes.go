@@ -1,0 +1,56 @@
+package controllers
+
+import (
+	"context"
+
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+// Field indexes, so that the reconciler reads what it needs without listing everything.
+const (
+	// indexMemberByPair indexes member VMIs by their FaultTolerantVM's name.
+	indexMemberByPair = "lockstep.pair"
+	// indexMemberByNode indexes member VMIs by the node placement chose.
+	indexMemberByNode = "lockstep.node"
+	// indexFTVMNeedsCapacity indexes FaultTolerantVMs that wait for a node ("true").
+	indexFTVMNeedsCapacity = "lockstep.needsCapacity"
+)
+
+// SetupIndexes registers the field indexes with the manager's cache.
+func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
+	if err := indexer.IndexField(ctx, &virtv1.VirtualMachineInstance{}, indexMemberByPair, func(o client.Object) []string {
+		if p, ok := o.GetLabels()[ftv1.LabelPair]; ok {
+			return []string{p}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := indexer.IndexField(ctx, &virtv1.VirtualMachineInstance{}, indexMemberByNode, func(o client.Object) []string {
+		if n, ok := o.GetLabels()[ftv1.LabelNode]; ok {
+			return []string{n}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return indexer.IndexField(ctx, &ftv1.FaultTolerantVM{}, indexFTVMNeedsCapacity, func(o client.Object) []string {
+		if needsCapacity(o.(*ftv1.FaultTolerantVM)) {
+			return []string{"true"}
+		}
+		return nil
+	})
+}
+
+// needsCapacity is true for a FaultTolerantVM that could not place a member.
+func needsCapacity(ftvm *ftv1.FaultTolerantVM) bool {
+	for _, c := range ftvm.Status.Conditions {
+		if c.Reason == ftv1.ReasonNoEligibleNode {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,181 @@
+package controllers
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// Placer chooses nodes for new members and creates them, one at a time.
+//
+// The FT limit must hold while many FaultTolerantVMs reconcile at once and while the informer
+// cache trails the API server. So placement is a critical section: the Placer holds a mutex from
+// reading the cluster until the member is created, and remembers each member it created until
+// the cache shows it (an assume cache, as in kube-scheduler). Every decision therefore sees every
+// earlier one. The operator runs with leader election, so one Placer decides for the cluster.
+// Members are pinned to their node and carry required anti-affinity, so the scheduler enforces
+// the same decision.
+type Placer struct {
+	// Reader is the cache.
+	Reader client.Reader
+	// APIReader reads the API server directly, to tell a created member the cache does not show
+	// yet from one that is already gone again.
+	APIReader client.Reader
+	Defaults  placement.Limits
+	// AssumeTTL bounds how long a created member that the cache never shows is remembered.
+	AssumeTTL time.Duration
+
+	mu      sync.Mutex
+	assumed map[types.NamespacedName]assumedMember
+}
+
+type assumedMember struct {
+	node   string
+	member placement.Member
+	at     time.Time
+}
+
+// PlaceAndCreate finds a node for req among the nodes that fit the VM's scheduling constraints,
+// and calls create with it. It returns the node, or a *placement.NoEligibleNodeError.
+func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
+	topologyKey string, key types.NamespacedName, create func(node string) error) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	nodes, err := p.view(ctx, vm, topologyKey)
+	if err != nil {
+		return "", err
+	}
+	node, err := placement.Place(nodes, req)
+	if err != nil {
+		return "", err
+	}
+	if err := create(node); err != nil {
+		return "", err
+	}
+	if p.assumed == nil {
+		p.assumed = map[types.NamespacedName]assumedMember{}
+	}
+	p.assumed[key] = assumedMember{node: node, at: time.Now(),
+		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
+	return node, nil
+}
+
+// view is the cluster as placement sees it: every node with its FT limits, whether the VM may run
+// there, and the members on it, including the ones created but not yet in the cache.
+func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string) ([]placement.Node, error) {
+	var nodes corev1.NodeList
+	if err := p.Reader.List(ctx, &nodes); err != nil {
+		return nil, err
+	}
+	var vmis virtv1.VirtualMachineInstanceList
+	if err := p.Reader.List(ctx, &vmis, client.HasLabels{ftv1.LabelNode}); err != nil {
+		return nil, err
+	}
+	seen := map[types.NamespacedName]bool{}
+	byNode := map[string][]placement.Member{}
+	for i := range vmis.Items {
+		v := &vmis.Items[i]
+		seen[client.ObjectKeyFromObject(v)] = true
+		if v.IsFinal() {
+			continue // its pod is gone: it holds nothing
+		}
+		byNode[v.Labels[ftv1.LabelNode]] = append(byNode[v.Labels[ftv1.LabelNode]], memberOf(v))
+	}
+	for k, a := range p.assumed {
+		if seen[k] || time.Since(a.at) > p.AssumeTTL {
+			delete(p.assumed, k)
+			continue
+		}
+		err := p.APIReader.Get(ctx, k, &virtv1.VirtualMachineInstance{})
+		if apierrors.IsNotFound(err) {
+			delete(p.assumed, k) // created and deleted before the cache saw it
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		byNode[a.node] = append(byNode[a.node], a.member)
+	}
+
+	fits := vmSchedulingFilter(vm)
+	out := make([]placement.Node, 0, len(nodes.Items))
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: byNode[n.Name], Unavailable: fits(n)}
+		if topologyKey != "" {
+			pn.Domain = n.Labels[topologyKey]
+		}
+		out = append(out, pn)
+	}
+	return out, nil
+}
+
+// memberOf is a member VMI as placement counts it.
+func memberOf(v *virtv1.VirtualMachineInstance) placement.Member {
+	bw, _ := strconv.Atoi(v.Annotations[ftv1.AnnotationReservedLogBandwidth])
+	return placement.Member{
+		Pair:             v.Labels[ftv1.LabelPair],
+		Role:             placement.Role(v.Labels[ftv1.LabelRole]),
+		VCPUs:            member.VCPUs(&v.Spec),
+		LogBandwidthMbps: bw,
+	}
+}
+
+// limitsOf is the node's FT limit: the cluster default unless the node's annotations override it.
+func (p *Placer) limitsOf(ctx context.Context, n *corev1.Node) placement.Limits {
+	l := p.Defaults
+	override := func(key string, into *int) {
+		raw, ok := n.Annotations[key]
+		if !ok {
+			return
+		}
+		v, err := strconv.Atoi(raw)
+		if err != nil || v < 0 {
+			logr.FromContextOrDiscard(ctx).Info("ignoring invalid FT limit annotation", "node", n.Name, "annotation", key, "value", raw)
+			return
+		}
+		*into = v
+	}
+	override(ftv1.AnnotationNodeMaxVMs, &l.MaxMembers)
+	override(ftv1.AnnotationNodeMaxVCPUs, &l.MaxVCPUs)
+	override(ftv1.AnnotationNodeLogBandwidth, &l.LogBandwidthMbps)
+	return l
+}
+
+// vmSchedulingFilter says why the VM cannot run on a node ("" when it can): node readiness,
+// cordon, taints it does not tolerate, and its own node selector and node affinity.
+func vmSchedulingFilter(vm *virtv1.VirtualMachineInstanceSpec) func(*corev1.Node) string {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{NodeSelector: vm.NodeSelector, Affinity: vm.Affinity}}
+	required := nodeaffinity.GetRequiredNodeAffinity(pod)
+	tolerates := func(t *corev1.Taint) bool {
+		for i := range vm.Tolerations {
+			if vm.Tolerations[i].ToleratesTaint(logr.Discard(), t, false) {
+				return true
+			}
+		}
+		return false
+	}
+	return func(n *corev1.Node) string {
+		if why := health.NodeAvailable(n, tolerates); why != "" {
+			return why
+		}
+		if ok, _ := required.Match(n); !ok {
+			return "does not match the VM's node selector or affinity"
+		}
+		return ""
+	}
+}

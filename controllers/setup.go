@@ -1,0 +1,58 @@
+package controllers
+
+import (
+	"context"
+	"time"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	virtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// NewScheme knows every type the operator reads or writes.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(ftv1.AddToScheme(s))
+	utilruntime.Must(virtv1.AddToScheme(s))
+	utilruntime.Must(nadv1.AddToScheme(s))
+	return s
+}
+
+// CacheOptions keeps only lockstep's own VMIs and claims in memory: a cluster may run many VMs
+// that are not fault tolerant. Other claims (the user's) are read through the API reader.
+func CacheOptions() cache.Options {
+	managed := labels.SelectorFromSet(labels.Set{ftv1.LabelManagedBy: ftv1.ManagedByValue})
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&virtv1.VirtualMachineInstance{}: {Label: managed},
+		&corev1.PersistentVolumeClaim{}:  {Label: managed},
+	}}
+}
+
+// Setup registers the indexes and the FaultTolerantVM reconciler with a manager.
+func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.Limits) error {
+	if err := SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	r := &FaultTolerantVMReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Scheme:    mgr.GetScheme(),
+		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
+		Clock:     clock.RealClock{},
+		Placer:    &Placer{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Defaults: limits, AssumeTTL: 2 * time.Minute},
+		Config:    cfg,
+	}
+	return r.SetupWithManager(mgr)
+}

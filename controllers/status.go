@@ -1,0 +1,169 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// computeStatus is the one place that writes a FaultTolerantVM's status, from what the reconcile
+// observed and did.
+func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
+	ftvm := s.ftvm
+	st := &ftvm.Status
+	st.ObservedGeneration = ftvm.Generation
+	st.Primary = memberStatus(s.primary)
+	st.Secondary = memberStatus(s.secondary)
+	st.ReservedLogBandwidthMbps = int32(r.logBandwidthMbps(ftvm))
+	halted := ftvm.Spec.RunStrategy == ftv1.RunStrategyHalted
+
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		apimeta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: ftvm.Generation,
+		})
+	}
+
+	if s.invalid != nil {
+		set(ftv1.ConditionValid, false, ftv1.ReasonInvalidSpec, "the VM cannot be protected: "+s.invalid.Error())
+	} else {
+		set(ftv1.ConditionValid, true, ftv1.ReasonValid, "the VM can be protected")
+	}
+
+	pOK, pReason, pMsg := r.memberCondition(s, s.primary, s.primaryErr, "primary")
+	sOK, sReason, sMsg := r.memberCondition(s, s.secondary, s.secondaryErr, "secondary")
+	set(ftv1.ConditionPrimaryReady, pOK, pReason, pMsg)
+	set(ftv1.ConditionSecondaryReady, sOK, sReason, sMsg)
+
+	alive := func(mv *memberView) bool {
+		return mv != nil && (mv.verdict.State == health.Running || mv.verdict.State == health.Suspect)
+	}
+	switch {
+	case halted:
+		st.State = ftv1.StateStopped
+		msg := "runStrategy is Halted"
+		if s.primary != nil || s.secondary != nil {
+			msg += "; members are stopping"
+		}
+		set(ftv1.ConditionProtected, false, ftv1.ReasonHalted, msg)
+	case s.promoted:
+		st.State = ftv1.StateFailingOver
+		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
+			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
+	case alive(s.primary) && alive(s.secondary):
+		st.State = ftv1.StateProtected
+		set(ftv1.ConditionProtected, true, ftv1.ReasonProtected,
+			fmt.Sprintf("primary on node %s, secondary on node %s", s.primary.node, s.secondary.node))
+	case !alive(s.primary):
+		st.State = ftv1.StateStarting
+		set(ftv1.ConditionProtected, false, pReason, "primary: "+pMsg)
+	case s.secondary != nil && s.secondary.verdict.State == health.Pending:
+		st.State = ftv1.StateStarting
+		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting, "secondary: "+sMsg)
+	default:
+		st.State = ftv1.StateNotProtected
+		set(ftv1.ConditionProtected, false, sReason, "the VM runs without a secondary: "+sMsg)
+	}
+
+	if s.primary != nil {
+		want, err := templateHash(ftvm)
+		if err == nil && want != s.primary.vmi.Annotations[ftv1.AnnotationTemplateHash] {
+			set(ftv1.ConditionRestartRequired, true, ftv1.ReasonTemplateChanged,
+				"the template changed after the members were created; set runStrategy to Halted and back to Running to apply it")
+		} else {
+			set(ftv1.ConditionRestartRequired, false, ftv1.ReasonTemplateCurrent, "the members run the current template")
+		}
+	} else {
+		apimeta.RemoveStatusCondition(&st.Conditions, ftv1.ConditionRestartRequired)
+	}
+}
+
+// memberCondition says whether a member is ready, and why not.
+func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, startErr error, role string) (bool, string, string) {
+	if s.ftvm.Spec.RunStrategy == ftv1.RunStrategyHalted {
+		return false, ftv1.ReasonHalted, "runStrategy is Halted"
+	}
+	if mv == nil {
+		switch {
+		case startErr != nil && errors.Is(startErr, placement.ErrNoEligibleNode):
+			return false, ftv1.ReasonNoEligibleNode, fmt.Sprintf("no node can take the %s: %v", role, startErr)
+		case startErr != nil:
+			return false, ftv1.ReasonDiskNotFound, startErr.Error()
+		case s.networkMissing != "":
+			return false, ftv1.ReasonLoggingNetworkNotFound, s.networkMissing
+		case s.invalid != nil && role == "primary":
+			return false, ftv1.ReasonInvalidSpec, "the spec is invalid; see the Valid condition"
+		case role == "secondary" && s.primary == nil:
+			return false, ftv1.ReasonStarting, "waits for the primary"
+		default:
+			return false, ftv1.ReasonStarting, "being created"
+		}
+	}
+	switch mv.verdict.State {
+	case health.Running:
+		return true, ftv1.ReasonRunning, mv.verdict.Message
+	case health.Pending:
+		return false, ftv1.ReasonStarting, mv.verdict.Message
+	case health.Suspect:
+		return false, mv.verdict.Reason, mv.verdict.Message
+	default:
+		return false, ftv1.ReasonNodeLost, mv.verdict.Message
+	}
+}
+
+// memberStatus describes a member, keeping the time it took its role.
+func memberStatus(mv *memberView) *ftv1.MemberStatus {
+	if mv == nil {
+		return nil
+	}
+	ms := &ftv1.MemberStatus{VMI: mv.vmi.Name, Node: mv.node, Phase: mv.vmi.Status.Phase}
+	if since, err := time.Parse(time.RFC3339, mv.vmi.Annotations[ftv1.AnnotationRoleSince]); err == nil {
+		t := metav1.NewTime(since)
+		ms.Since = &t
+	}
+	return ms
+}
+
+// templateHash is the hash of the FaultTolerantVM's current template, as members record it.
+func templateHash(ftvm *ftv1.FaultTolerantVM) (string, error) {
+	_, hash, err := member.EncodeTemplate(member.Normalize(ftvm.UID, ftvm.Spec.Template))
+	return hash, err
+}
+
+// emitTransitions records an event when protection is gained or lost, the spec becomes invalid,
+// or a restart becomes required; actions (create, promote, replace) record their own.
+func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTolerantVM) {
+	for _, typ := range []string{ftv1.ConditionProtected, ftv1.ConditionValid, ftv1.ConditionRestartRequired} {
+		old := apimeta.FindStatusCondition(before.Status.Conditions, typ)
+		cur := apimeta.FindStatusCondition(after.Status.Conditions, typ)
+		if cur == nil || (old != nil && old.Status == cur.Status && old.Reason == cur.Reason) {
+			continue
+		}
+		bad := (typ == ftv1.ConditionRestartRequired) == (cur.Status == metav1.ConditionTrue)
+		if typ == ftv1.ConditionValid && !bad && old == nil {
+			continue // valid from the start: nothing to say
+		}
+		if typ == ftv1.ConditionRestartRequired && !bad {
+			if old == nil {
+				continue
+			}
+		}
+		kind := corev1.EventTypeNormal
+		if bad {
+			kind = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(after, nil, kind, cur.Reason, typ, "%s", cur.Message)
+	}
+}

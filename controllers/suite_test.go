@@ -1,0 +1,141 @@
+package controllers_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
+)
+
+// The envtest suite: a real kube-apiserver and etcd with lockstep's CRD and the KubeVirt, Multus,
+// cert-manager and Prometheus operator CRDs installed. The operator runs in this process against
+// it; kubevirtdouble.NodeRunner stands in for KubeVirt's node agents.
+
+const (
+	testNodeLostGrace = 2 * time.Second
+	testRetry         = 2 * time.Second
+)
+
+var (
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8s       client.Client
+	suiteCtx  context.Context
+	stopSuite context.CancelFunc
+	operator  *operatorProcess
+)
+
+func TestControllers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Controllers (envtest)")
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	suiteCtx, stopSuite = context.WithCancel(context.Background())
+
+	root := filepath.Join("..")
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths: []string{
+			filepath.Join(root, "config", "crd", "bases"),
+			filepath.Join(root, "bin", "test-crds", "kubevirt"),
+			filepath.Join(root, "bin", "test-crds", "multus"),
+			filepath.Join(root, "bin", "test-crds", "cert-manager"),
+			filepath.Join(root, "bin", "test-crds", "monitoring"),
+		},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"),
+	}
+	if os.Getenv("KUBEBUILDER_ASSETS") != "" {
+		testEnv.BinaryAssetsDirectory = ""
+	}
+	var err error
+	cfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred(), "start envtest: run `make test` (it builds kube-apiserver and etcd into bin/k8s)")
+
+	k8s, err = client.New(cfg, client.Options{Scheme: controllers.NewScheme()})
+	Expect(err).NotTo(HaveOccurred())
+
+	// The KubeVirt test double runs in its own manager, so that restarting the operator leaves it.
+	double, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:     controllers.NewScheme(),
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect((&kubevirtdouble.NodeRunner{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
+	go func() {
+		defer GinkgoRecover()
+		Expect(double.Start(suiteCtx)).To(Succeed())
+	}()
+
+	operator = startOperator()
+})
+
+var _ = AfterSuite(func() {
+	if operator != nil {
+		operator.stop()
+	}
+	if stopSuite != nil {
+		stopSuite()
+	}
+	if testEnv != nil {
+		Expect(testEnv.Stop()).To(Succeed())
+	}
+})
+
+// operatorProcess is the operator's manager, as `lockstep-operator` runs it.
+type operatorProcess struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+var testLimits = placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 1000}
+
+func startOperator() *operatorProcess {
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:     controllers.NewScheme(),
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Cache:      controllers.CacheOptions(),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	ctx, cancel := context.WithCancel(suiteCtx)
+	Expect(controllers.Setup(ctx, mgr, controllers.Config{
+		Member:                  member.Options{PriorityClassName: "lockstep-ft"},
+		NodeLostGrace:           testNodeLostGrace,
+		RetryInterval:           testRetry,
+		DefaultLogBandwidthMbps: 100,
+		MaxConcurrentReconciles: 4,
+	}, testLimits)).To(Succeed())
+	p := &operatorProcess{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer GinkgoRecover()
+		defer close(p.done)
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+	return p
+}
+
+func (p *operatorProcess) stop() {
+	p.cancel()
+	Eventually(p.done, 30*time.Second).Should(BeClosed())
+}

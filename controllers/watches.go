@@ -1,0 +1,100 @@
+package controllers
+
+import (
+	"context"
+	"reflect"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+// nodeHandler wakes the FaultTolerantVMs with a member on a node that changed, and, when the
+// change may have freed capacity, the ones waiting for a node.
+func (r *FaultTolerantVMReconciler) nodeHandler() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var vmis virtv1.VirtualMachineInstanceList
+		if err := r.List(ctx, &vmis, client.MatchingFields{indexMemberByNode: o.GetName()}); err != nil {
+			log.FromContext(ctx).Error(err, "listing the members of a node", "node", o.GetName())
+			return nil
+		}
+		reqs := r.waitingForCapacity(ctx)
+		for i := range vmis.Items {
+			v := &vmis.Items[i]
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: v.Namespace, Name: v.Labels[ftv1.LabelPair]}})
+		}
+		return reqs
+	})
+}
+
+// capacityFreedHandler wakes the FaultTolerantVMs waiting for a node when a member goes.
+func (r *FaultTolerantVMReconciler) capacityFreedHandler() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		return r.waitingForCapacity(ctx)
+	})
+}
+
+// waitingForCapacity lists the FaultTolerantVMs that could not place a member.
+func (r *FaultTolerantVMReconciler) waitingForCapacity(ctx context.Context) []reconcile.Request {
+	var list ftv1.FaultTolerantVMList
+	if err := r.List(ctx, &list, client.MatchingFields{indexFTVMNeedsCapacity: "true"}); err != nil {
+		log.FromContext(ctx).Error(err, "listing FaultTolerantVMs that wait for capacity")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// builderPredicatesMemberGone passes member VMI deletions and ends (which free capacity).
+func builderPredicatesMemberGone() builder.Predicates {
+	return builder.WithPredicates(predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return isMember(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*virtv1.VirtualMachineInstance), e.ObjectNew.(*virtv1.VirtualMachineInstance)
+			return isMember(n) && !o.IsFinal() && n.IsFinal()
+		},
+	})
+}
+
+func isMember(o client.Object) bool {
+	_, ok := o.GetLabels()[ftv1.LabelPair]
+	return ok
+}
+
+// builderPredicatesNodeChanged passes node changes that matter to placement or to member health
+// (readiness, taints, cordon, labels, FT limit annotations), not the kubelet's heartbeats.
+func builderPredicatesNodeChanged() builder.Predicates {
+	return builder.WithPredicates(predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+			return readyStatus(o) != readyStatus(n) ||
+				o.Spec.Unschedulable != n.Spec.Unschedulable ||
+				!reflect.DeepEqual(o.Spec.Taints, n.Spec.Taints) ||
+				!reflect.DeepEqual(o.Labels, n.Labels) ||
+				!reflect.DeepEqual(o.Annotations, n.Annotations)
+		},
+	})
+}
+
+func readyStatus(n *corev1.Node) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return corev1.ConditionUnknown
+}

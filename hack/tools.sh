@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs a pinned Go tool into ~/.cache/lockstep/tools/<name>@<version>/ and links it into bin/.
+#
+#   hack/tools.sh controller-gen|golangci-lint|kustomize|ginkgo ...
+#
+# Reruns are instant: a tool is built once per version.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/tools"
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+
+# name -> module path and version. ginkgo follows go.mod so that the CLI matches the library.
+pkg_of() {
+  case "$1" in
+    controller-gen) echo "sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0" ;;
+    golangci-lint)  echo "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.11.4" ;;
+    kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5@v5.8.2" ;;
+    ginkgo)         echo "github.com/onsi/ginkgo/v2/ginkgo@$(cd "$ROOT" && go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)" ;;
+    *) echo "unknown tool $1" >&2; return 2 ;;
+  esac
+}
+
+mkdir -p "$ROOT/bin"
+for tool in "$@"; do
+  pkg="$(pkg_of "$tool")"
+  dir="$CACHE/$tool@${pkg##*@}"
+  if [ ! -x "$dir/$tool" ]; then
+    echo ">> installing $pkg into $dir" >&2
+    mkdir -p "$dir"
+    GOBIN="$dir" go install "$pkg"
+  fi
+  ln -sfn "$dir/$tool" "$ROOT/bin/$tool"
+done

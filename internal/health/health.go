@@ -1,0 +1,155 @@
+// Package health judges whether a member of a pair is alive, from what Kubernetes shows of the
+// member's VMI and its node. It is pure, so that every path is tested directly.
+//
+// The node lifecycle alone is slow: pods on a lost node are evicted only after five minutes. A
+// member is lost as soon as any of these shows it:
+//   - its node is deleted;
+//   - its node has not been Ready, or has carried the unreachable/not-ready taint, for the grace
+//     period;
+//   - KubeVirt reports its pod terminating or gone (the VMI's Ready condition with reason
+//     PodTerminating or PodNotExists);
+//   - the VMI has ended (Succeeded or Failed) or is being deleted.
+package health
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+// State of a member.
+type State int
+
+const (
+	// Pending: not running yet (being scheduled or booting).
+	Pending State = iota
+	// Running: the VMI runs on a Ready node.
+	Running
+	// Suspect: the node is not Ready, but for less than the grace period.
+	Suspect
+	// Lost: the member is gone or going; see Verdict.Reason.
+	Lost
+)
+
+func (s State) String() string {
+	return [...]string{"Pending", "Running", "Suspect", "Lost"}[s]
+}
+
+// Verdict is the judgement on one member.
+type Verdict struct {
+	State State
+	// Reason is a short CamelCase reason (NodeDeleted, NodeNotReady, PodNotExists, ...).
+	Reason string
+	// Message says what was seen, for a person.
+	Message string
+	// RecheckAfter, for a Suspect member, is when it becomes Lost if nothing changes.
+	RecheckAfter time.Duration
+}
+
+// Reasons a member is lost or suspect.
+const (
+	ReasonNodeDeleted     = "NodeDeleted"
+	ReasonNodeNotReady    = "NodeNotReady"
+	ReasonNodeUnreachable = "NodeUnreachable"
+	ReasonVMIDeleted      = "VMIDeleted"
+	ReasonVMIEnded        = "VMIEnded"
+)
+
+// Judge returns the verdict on a member whose VMI is vmi and whose node is node (nil when the
+// node does not exist). nodeName is where placement put it.
+func Judge(vmi *virtv1.VirtualMachineInstance, nodeName string, node *corev1.Node, now time.Time, grace time.Duration) Verdict {
+	if vmi.DeletionTimestamp != nil {
+		return Verdict{State: Lost, Reason: ReasonVMIDeleted, Message: fmt.Sprintf("VMI %s is being deleted", vmi.Name)}
+	}
+	if vmi.IsFinal() {
+		return Verdict{State: Lost, Reason: ReasonVMIEnded, Message: fmt.Sprintf("VMI %s ended in phase %s", vmi.Name, vmi.Status.Phase)}
+	}
+	if node == nil {
+		return Verdict{State: Lost, Reason: ReasonNodeDeleted, Message: fmt.Sprintf("node %s was deleted", nodeName)}
+	}
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == virtv1.VirtualMachineInstanceReady && c.Status != corev1.ConditionTrue &&
+			(c.Reason == virtv1.PodTerminatingReason || c.Reason == virtv1.PodNotExistsReason) {
+			return Verdict{State: Lost, Reason: c.Reason, Message: fmt.Sprintf("KubeVirt reports %s for VMI %s on node %s", c.Reason, vmi.Name, nodeName)}
+		}
+	}
+	if v := judgeNode(node, now, grace); v.State != Running {
+		return v
+	}
+	if vmi.Status.Phase == virtv1.Running {
+		return Verdict{State: Running, Reason: string(virtv1.Running), Message: fmt.Sprintf("VMI %s runs on node %s", vmi.Name, nodeName)}
+	}
+	phase := vmi.Status.Phase
+	if phase == "" {
+		phase = virtv1.Pending
+	}
+	return Verdict{State: Pending, Reason: string(phase), Message: fmt.Sprintf("VMI %s is %s on node %s", vmi.Name, phase, nodeName)}
+}
+
+// judgeNode says whether a node is Ready, suspect (down for less than grace), or lost.
+func judgeNode(node *corev1.Node, now time.Time, grace time.Duration) Verdict {
+	var since time.Time
+	reason := ""
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			since, reason = c.LastTransitionTime.Time, ReasonNodeNotReady
+		}
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if t.Key == corev1.TaintNodeUnreachable || t.Key == corev1.TaintNodeNotReady {
+			at := time.Time{}
+			if t.TimeAdded != nil {
+				at = t.TimeAdded.Time
+			}
+			if reason == "" || at.Before(since) {
+				since = at
+			}
+			if t.Key == corev1.TaintNodeUnreachable {
+				reason = ReasonNodeUnreachable
+			} else if reason == "" {
+				reason = ReasonNodeNotReady
+			}
+		}
+	}
+	if reason == "" {
+		return Verdict{State: Running}
+	}
+	down := now.Sub(since)
+	if down >= grace {
+		return Verdict{State: Lost, Reason: reason, Message: fmt.Sprintf("node %s is %s since %s (grace %s)", node.Name, reason, since.UTC().Format(time.RFC3339), grace)}
+	}
+	return Verdict{State: Suspect, Reason: reason, RecheckAfter: grace - down,
+		Message: fmt.Sprintf("node %s is %s since %s; lost after %s", node.Name, reason, since.UTC().Format(time.RFC3339), grace)}
+}
+
+// NodeAvailable says why no new member may be placed on node, or "" when one may. Tolerations
+// are the member's; a node tainted NoSchedule or NoExecute without a toleration is unavailable.
+func NodeAvailable(node *corev1.Node, tolerates func(*corev1.Taint) bool) string {
+	ready := false
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			ready = true
+		}
+	}
+	if !ready {
+		return "node not Ready"
+	}
+	if node.Spec.Unschedulable {
+		return "node cordoned"
+	}
+	for i := range node.Spec.Taints {
+		t := &node.Spec.Taints[i]
+		if t.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue
+		}
+		if !tolerates(t) {
+			return "untolerated taint " + t.Key
+		}
+	}
+	return ""
+}

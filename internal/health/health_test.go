@@ -1,0 +1,112 @@
+package health
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+func TestJudge(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	grace := 40 * time.Second
+	ago := func(d time.Duration) metav1.Time { return metav1.NewTime(now.Add(-d)) }
+	ready := func() *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: ago(time.Hour)}}}}
+	}
+	notReadyFor := func(d time.Duration) *corev1.Node {
+		n := ready()
+		n.Status.Conditions[0].Status = corev1.ConditionUnknown
+		n.Status.Conditions[0].LastTransitionTime = ago(d)
+		return n
+	}
+	unreachableTaintFor := func(d time.Duration) *corev1.Node {
+		n := ready()
+		at := ago(d)
+		n.Spec.Taints = []corev1.Taint{{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoExecute, TimeAdded: &at}}
+		return n
+	}
+	running := func() *virtv1.VirtualMachineInstance {
+		return &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm-1"}, Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Running}}
+	}
+	withReady := func(reason string) *virtv1.VirtualMachineInstance {
+		v := running()
+		v.Status.Conditions = []virtv1.VirtualMachineInstanceCondition{{Type: virtv1.VirtualMachineInstanceReady, Status: corev1.ConditionFalse, Reason: reason}}
+		return v
+	}
+	deleting := running()
+	deleting.DeletionTimestamp = &metav1.Time{Time: now}
+	failed := running()
+	failed.Status.Phase = virtv1.Failed
+	pending := running()
+	pending.Status.Phase = ""
+
+	cases := []struct {
+		name   string
+		vmi    *virtv1.VirtualMachineInstance
+		node   *corev1.Node
+		state  State
+		reason string
+	}{
+		{"running on a ready node", running(), ready(), Running, "Running"},
+		{"not started yet", pending, ready(), Pending, "Pending"},
+		{"being deleted", deleting, ready(), Lost, ReasonVMIDeleted},
+		{"ended", failed, ready(), Lost, ReasonVMIEnded},
+		{"node deleted", running(), nil, Lost, ReasonNodeDeleted},
+		{"pod not there", withReady(virtv1.PodNotExistsReason), ready(), Lost, virtv1.PodNotExistsReason},
+		{"pod terminating", withReady(virtv1.PodTerminatingReason), ready(), Lost, virtv1.PodTerminatingReason},
+		{"guest not ready for another reason is not a loss", withReady("GuestNotRunning"), ready(), Running, "Running"},
+		{"node NotReady within grace", running(), notReadyFor(10 * time.Second), Suspect, ReasonNodeNotReady},
+		{"node NotReady beyond grace", running(), notReadyFor(grace), Lost, ReasonNodeNotReady},
+		{"unreachable taint within grace", running(), unreachableTaintFor(time.Second), Suspect, ReasonNodeUnreachable},
+		{"unreachable taint beyond grace", running(), unreachableTaintFor(time.Minute), Lost, ReasonNodeUnreachable},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := Judge(c.vmi, "n1", c.node, now, grace)
+			if v.State != c.state || v.Reason != c.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", v.State, v.Reason, v.Message, c.state, c.reason)
+			}
+			if v.Message == "" {
+				t.Error("no message")
+			}
+		})
+	}
+}
+
+func TestSuspectSaysWhenToLookAgain(t *testing.T) {
+	now := time.Now()
+	n := &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-15 * time.Second))}}}}
+	v := Judge(&virtv1.VirtualMachineInstance{Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Running}}, "n", n, now, 40*time.Second)
+	if v.State != Suspect || v.RecheckAfter != 25*time.Second {
+		t.Fatalf("got %s after %s", v.State, v.RecheckAfter)
+	}
+}
+
+func TestNodeAvailable(t *testing.T) {
+	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue}
+	never := func(*corev1.Taint) bool { return false }
+	always := func(*corev1.Taint) bool { return true }
+	cases := []struct {
+		name      string
+		node      corev1.Node
+		tolerates func(*corev1.Taint) bool
+		want      string
+	}{
+		{"ready", corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, never, ""},
+		{"no Ready condition", corev1.Node{}, never, "node not Ready"},
+		{"cordoned", corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, never, "node cordoned"},
+		{"tainted", corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpu", Effect: corev1.TaintEffectNoSchedule}}}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, never, "untolerated taint gpu"},
+		{"tolerated", corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpu", Effect: corev1.TaintEffectNoSchedule}}}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, always, ""},
+		{"prefer-no-schedule is no bar", corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "x", Effect: corev1.TaintEffectPreferNoSchedule}}}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, never, ""},
+	}
+	for _, c := range cases {
+		if got := NodeAvailable(&c.node, c.tolerates); got != c.want {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package member
+
+import (
+	"regexp"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+func testFTVM() *ftv1.FaultTolerantVM {
+	return &ftv1.FaultTolerantVM{
+		ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod", UID: "6f1c5c8e-0000-4000-8000-000000000001"},
+		Spec: ftv1.FaultTolerantVMSpec{
+			LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+			TopologyKey:    corev1.LabelTopologyZone,
+			Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{
+				Domain: virtv1.DomainSpec{
+					CPU: &virtv1.CPU{Sockets: 2, Cores: 2},
+					Resources: virtv1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourceCPU: resource.MustParse("1")},
+					},
+					Devices: virtv1.Devices{Interfaces: []virtv1.Interface{{Name: "default"}, {Name: "data", MacAddress: "02:00:00:00:00:07"}}},
+				},
+				Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{
+						{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "ssd", Operator: corev1.NodeSelectorOpExists}}},
+						{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "nvme", Operator: corev1.NodeSelectorOpExists}}},
+					}}}},
+				Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "db-root"}}}}},
+			}},
+		},
+	}
+}
+
+func TestBuildReservesInFullAndPins(t *testing.T) {
+	ftvm := testFTVM()
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	vmi, err := Build(ftvm, tmpl, Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n7", Claims: map[string]string{"root": "db-3-root"},
+		Since: time.Unix(0, 0), LogBandwidthMbps: 120}, Options{PriorityClassName: "ft", DedicatedCPUPlacement: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vmi.Name != "db-3" || vmi.Namespace != "prod" {
+		t.Errorf("name %s/%s", vmi.Namespace, vmi.Name)
+	}
+	d := vmi.Spec.Domain
+	if d.Memory.Guest.String() != "2Gi" || d.Resources.Requests.Memory().String() != "2Gi" || d.Resources.Limits.Memory().String() != "2Gi" {
+		t.Errorf("memory not reserved in full: guest %v, resources %+v", d.Memory.Guest, d.Resources)
+	}
+	// 2 sockets x 2 cores: the CPU request of 1 is raised to the 4 vCPUs.
+	if d.Resources.Requests.Cpu().String() != "4" || d.Resources.Limits.Cpu().String() != "4" {
+		t.Errorf("cpu not reserved in full: %+v", d.Resources)
+	}
+	if !d.CPU.DedicatedCPUPlacement {
+		t.Error("dedicated CPU placement not set")
+	}
+	if *vmi.Spec.EvictionStrategy != virtv1.EvictionStrategyExternal || vmi.Spec.PriorityClassName != "ft" {
+		t.Errorf("eviction %v, priority class %q", *vmi.Spec.EvictionStrategy, vmi.Spec.PriorityClassName)
+	}
+	// The pin is added to every required term, since terms are ORed.
+	terms := vmi.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 2 {
+		t.Fatalf("terms: %+v", terms)
+	}
+	for _, term := range terms {
+		if len(term.MatchExpressions) != 1 || len(term.MatchFields) != 1 || term.MatchFields[0].Values[0] != "n7" {
+			t.Errorf("term not pinned: %+v", term)
+		}
+	}
+	anti := vmi.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	if len(anti) != 2 || anti[0].TopologyKey != corev1.LabelHostname || anti[1].TopologyKey != corev1.LabelTopologyZone {
+		t.Errorf("anti-affinity: %+v", anti)
+	}
+	if vmi.Spec.Volumes[0].PersistentVolumeClaim.ClaimName != "db-3-root" {
+		t.Errorf("claim not the member's copy: %s", vmi.Spec.Volumes[0].PersistentVolumeClaim.ClaimName)
+	}
+	last := vmi.Spec.Networks[len(vmi.Spec.Networks)-1]
+	if last.Name != LoggingInterfaceName || last.Multus.NetworkName != "prod/ft-logging" {
+		t.Errorf("logging network: %+v", last)
+	}
+	for k, v := range map[string]string{ftv1.LabelPair: "db", ftv1.LabelRole: "secondary", ftv1.LabelNode: "n7"} {
+		if vmi.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, vmi.Labels[k], v)
+		}
+	}
+	if vmi.Annotations[ftv1.AnnotationReservedLogBandwidth] != "120" || vmi.Annotations[ftv1.AnnotationOrdinal] != "3" {
+		t.Errorf("annotations: %v", vmi.Annotations)
+	}
+	// The template it was built from comes back out unchanged.
+	back, err := DecodeTemplate(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, h1, _ := EncodeTemplate(back); h1 != vmi.Annotations[ftv1.AnnotationTemplateHash] {
+		t.Error("template does not round-trip")
+	}
+	// Building does not change the template it was given.
+	if tmpl.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields != nil {
+		t.Error("Build changed its input")
+	}
+}
+
+func TestNormalizeGivesBothMembersTheSameHardware(t *testing.T) {
+	ftvm := testFTVM()
+	a := Normalize(ftvm.UID, ftvm.Spec.Template)
+	b := Normalize(ftvm.UID, ftvm.Spec.Template)
+	if a.Spec.Domain.Firmware.UUID != ftvm.UID {
+		t.Errorf("firmware UUID %q", a.Spec.Domain.Firmware.UUID)
+	}
+	mac := regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+	for i := range a.Spec.Domain.Devices.Interfaces {
+		m := a.Spec.Domain.Devices.Interfaces[i].MacAddress
+		if m != b.Spec.Domain.Devices.Interfaces[i].MacAddress || !mac.MatchString(m) {
+			t.Errorf("interface %d: %q vs %q", i, m, b.Spec.Domain.Devices.Interfaces[i].MacAddress)
+		}
+	}
+	first := a.Spec.Domain.Devices.Interfaces[0].MacAddress
+	if first[1] != '2' && first[1] != '6' && first[1] != 'a' && first[1] != 'e' {
+		t.Errorf("MAC %s is not locally administered unicast", first)
+	}
+	if a.Spec.Domain.Devices.Interfaces[1].MacAddress != "02:00:00:00:00:07" {
+		t.Error("a MAC the user chose was changed")
+	}
+	other := Normalize("another-uid", ftvm.Spec.Template)
+	if other.Spec.Domain.Devices.Interfaces[0].MacAddress == first {
+		t.Error("two VMs got the same MAC")
+	}
+	if ftvm.Spec.Template.Spec.Domain.Firmware != nil {
+		t.Error("Normalize changed its input")
+	}
+}
+
+func TestVCPUs(t *testing.T) {
+	spec := func(cpu *virtv1.CPU, req string) *virtv1.VirtualMachineInstanceSpec {
+		s := &virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{CPU: cpu}}
+		if req != "" {
+			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(req)}
+		}
+		return s
+	}
+	for _, c := range []struct {
+		spec *virtv1.VirtualMachineInstanceSpec
+		want int
+	}{
+		{spec(nil, ""), 1},
+		{spec(nil, "2500m"), 3},
+		{spec(&virtv1.CPU{Cores: 4}, "1"), 4},
+		{spec(&virtv1.CPU{Sockets: 2, Cores: 2, Threads: 2}, ""), 8},
+		{spec(&virtv1.CPU{Model: "host-passthrough"}, "2"), 2},
+	} {
+		if got := VCPUs(c.spec); got != c.want {
+			t.Errorf("VCPUs(%+v) = %d, want %d", c.spec.Domain, got, c.want)
+		}
+	}
+}

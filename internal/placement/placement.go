@@ -1,0 +1,227 @@
+// Package placement decides on which node a member of a fault tolerant pair runs.
+//
+// It is pure: no Kubernetes, no I/O. The operator turns its view of the cluster into Nodes and
+// asks Place for a node. The rules come from the vSphere FT white paper (sections 2.5-2.7):
+//   - the two members of a pair never share a node (nor a topology domain, when one is asked);
+//   - a node never holds more FT members, or more FT vCPUs, than its FT limit;
+//   - a node's logging bandwidth budget covers what all its members send and receive: a failover
+//     turns a receiving secondary into a sending primary without asking placement, so only a
+//     budget that does not depend on the role holds across failovers;
+//   - FT logging traffic is asymmetric (the primary sends, the secondary receives), so among the
+//     nodes that fit, the one whose traffic in the member's direction stays lowest wins:
+//     primaries spread out, and a node ends up with primaries of some pairs and secondaries of
+//     others.
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Role is the role of a member in its pair.
+type Role string
+
+const (
+	Primary   Role = "primary"
+	Secondary Role = "secondary"
+)
+
+// Limits is a node's FT capacity.
+type Limits struct {
+	// MaxMembers is the most FT members (primaries and secondaries) the node may hold.
+	MaxMembers int
+	// MaxVCPUs is the most vCPUs of FT members the node may hold.
+	MaxVCPUs int
+	// LogBandwidthMbps is the logging bandwidth of the node, in Mbit/s, for the traffic of all its
+	// members. Zero means the bandwidth is not budgeted.
+	LogBandwidthMbps int
+}
+
+// Member is an FT member placed on a node. Members that placement has decided on but that the
+// cluster does not show yet must be included too, or a limit can be exceeded.
+type Member struct {
+	Pair             string
+	Role             Role
+	VCPUs            int
+	LogBandwidthMbps int
+}
+
+// Node is a node as placement sees it.
+type Node struct {
+	Name string
+	// Domain is the node's value of the pair's topology key ("" when none is asked).
+	Domain string
+	// Unavailable, when not empty, says why no member may be placed here (NotReady, cordoned,
+	// tainted, does not match the VM's node selector, ...).
+	Unavailable string
+	Limits      Limits
+	Members     []Member
+}
+
+// Request asks for a node for one member.
+type Request struct {
+	Pair             string
+	Role             Role
+	VCPUs            int
+	LogBandwidthMbps int
+	// AvoidNodes are nodes the member must not use: the node of the other member.
+	AvoidNodes []string
+	// AvoidDomains are topology domains the member must not use: the other member's domain.
+	AvoidDomains []string
+}
+
+// Reasons a node is rejected, as they appear in Decision.Rejected.
+const (
+	RejectAntiAffinity   = "holds the other member of the pair"
+	RejectSameDomain     = "in the other member's topology domain"
+	RejectSamePair       = "already holds a member of this pair"
+	RejectMemberLimit    = "FT VM limit reached"
+	RejectVCPULimit      = "FT vCPU limit reached"
+	RejectLogBandwidth   = "logging bandwidth budget exhausted"
+	RejectNoTopologyInfo = "has no value for the topology key"
+)
+
+// ErrNoEligibleNode is returned (wrapped in a *NoEligibleNodeError) when no node fits.
+var ErrNoEligibleNode = errors.New("no eligible node")
+
+// NoEligibleNodeError says why each node was rejected.
+type NoEligibleNodeError struct {
+	Rejected map[string]string
+}
+
+func (e *NoEligibleNodeError) Error() string {
+	return fmt.Sprintf("0/%d nodes are eligible: %s", len(e.Rejected), Summarize(e.Rejected))
+}
+
+func (e *NoEligibleNodeError) Unwrap() error { return ErrNoEligibleNode }
+
+// Summarize counts the rejection reasons, like the scheduler's "3 Insufficient cpu, 2 ...".
+func Summarize(rejected map[string]string) string {
+	counts := map[string]int{}
+	for _, reason := range rejected {
+		counts[reason]++
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	parts := make([]string, 0, len(reasons))
+	for _, r := range reasons {
+		parts = append(parts, fmt.Sprintf("%d %s", counts[r], r))
+	}
+	if len(parts) == 0 {
+		return "no nodes"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Usage is what a node holds.
+type Usage struct {
+	Members, VCPUs     int
+	Primaries          int
+	SendMbps, RecvMbps int
+}
+
+// UsageOf sums a node's members.
+func UsageOf(n Node) Usage {
+	var u Usage
+	for _, m := range n.Members {
+		u.Members++
+		u.VCPUs += m.VCPUs
+		if m.Role == Primary {
+			u.Primaries++
+			u.SendMbps += m.LogBandwidthMbps
+		} else {
+			u.RecvMbps += m.LogBandwidthMbps
+		}
+	}
+	return u
+}
+
+// Fits says why the node cannot take the request, or "" when it can.
+func Fits(n Node, req Request) string {
+	if n.Unavailable != "" {
+		return n.Unavailable
+	}
+	for _, a := range req.AvoidNodes {
+		if a == n.Name {
+			return RejectAntiAffinity
+		}
+	}
+	if len(req.AvoidDomains) > 0 {
+		if n.Domain == "" {
+			return RejectNoTopologyInfo
+		}
+		for _, d := range req.AvoidDomains {
+			if d == n.Domain {
+				return RejectSameDomain
+			}
+		}
+	}
+	for _, m := range n.Members {
+		if m.Pair == req.Pair {
+			return RejectSamePair
+		}
+	}
+	u := UsageOf(n)
+	if u.Members+1 > n.Limits.MaxMembers {
+		return RejectMemberLimit
+	}
+	if u.VCPUs+req.VCPUs > n.Limits.MaxVCPUs {
+		return RejectVCPULimit
+	}
+	if bw := n.Limits.LogBandwidthMbps; bw > 0 && u.SendMbps+u.RecvMbps+req.LogBandwidthMbps > bw {
+		return RejectLogBandwidth
+	}
+	return ""
+}
+
+// directional is the node's logging traffic in the direction the member adds to.
+func directional(u Usage, role Role) int {
+	if role == Primary {
+		return u.SendMbps
+	}
+	return u.RecvMbps
+}
+
+// Place picks the node for a member: among the nodes that fit, the one whose logging traffic in
+// the member's direction is lowest, then the one with the fewest members, then the fewest FT
+// vCPUs, then by name, so that the answer is deterministic.
+func Place(nodes []Node, req Request) (string, error) {
+	rejected := map[string]string{}
+	best, bestKey := "", [3]int{}
+	for _, n := range nodes {
+		if why := Fits(n, req); why != "" {
+			rejected[n.Name] = why
+			continue
+		}
+		u := UsageOf(n)
+		key := [3]int{directional(u, req.Role), u.Members, u.VCPUs}
+		if best == "" || less(key, bestKey) || (key == bestKey && n.Name < best) {
+			best, bestKey = n.Name, key
+		}
+	}
+	if best == "" {
+		return "", &NoEligibleNodeError{Rejected: rejected}
+	}
+	return best, nil
+}
+
+func less(a, b [3]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
+}
+
+// LogBandwidthMbps is the white paper's sizing formula (section 2.10): FT logging bandwidth in
+// Mbit/s ~= (disk read MB/s * 8 + network receive Mbit/s) * 1.2, rounded up.
+func LogBandwidthMbps(diskReadMBps, networkReceiveMbps int) int {
+	raw := diskReadMBps*8 + networkReceiveMbps
+	return (raw*12 + 9) / 10
+}

@@ -1,0 +1,372 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+var defaultLimits = Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 1000}
+
+func TestPlaceNeverPutsBothMembersOnOneNode(t *testing.T) {
+	nodes := []Node{{Name: "a", Limits: defaultLimits}, {Name: "b", Limits: defaultLimits}}
+	p, err := Place(nodes, Request{Pair: "x", Role: Primary, VCPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes = addMember(nodes, p, Member{Pair: "x", Role: Primary, VCPUs: 1})
+	s, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, AvoidNodes: []string{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s == p {
+		t.Fatalf("both members on %s", p)
+	}
+	nodes = addMember(nodes, s, Member{Pair: "x", Role: Secondary, VCPUs: 1})
+	// A third member of the same pair has nowhere to go.
+	_, err = Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1})
+	var nee *NoEligibleNodeError
+	if !errors.As(err, &nee) || !errors.Is(err, ErrNoEligibleNode) {
+		t.Fatalf("want NoEligibleNodeError, got %v", err)
+	}
+	if nee.Rejected["a"] != RejectSamePair || nee.Rejected["b"] != RejectSamePair {
+		t.Fatalf("reasons: %v", nee.Rejected)
+	}
+}
+
+func TestPlaceRejectionsSayWhy(t *testing.T) {
+	full := Node{Name: "full", Limits: defaultLimits}
+	for i := range 4 {
+		full.Members = append(full.Members, Member{Pair: fmt.Sprint("p", i), Role: Primary, VCPUs: 1})
+	}
+	cpu := Node{Name: "cpu", Limits: defaultLimits, Members: []Member{{Pair: "big", Role: Primary, VCPUs: 7}}}
+	bw := Node{Name: "bw", Limits: defaultLimits, Members: []Member{{Pair: "loud", Role: Secondary, VCPUs: 1, LogBandwidthMbps: 950}}}
+	down := Node{Name: "down", Unavailable: "NotReady", Limits: defaultLimits}
+	zone := Node{Name: "zone", Domain: "z1", Limits: defaultLimits}
+	nodes := []Node{full, cpu, bw, down, zone}
+	_, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 2, LogBandwidthMbps: 100, AvoidDomains: []string{"z1"}})
+	var nee *NoEligibleNodeError
+	if !errors.As(err, &nee) {
+		t.Fatalf("want NoEligibleNodeError, got %v", err)
+	}
+	want := map[string]string{
+		// full has no domain, and the domain check comes first.
+		"full": RejectNoTopologyInfo, "cpu": RejectNoTopologyInfo, "bw": RejectNoTopologyInfo,
+		"down": "NotReady", "zone": RejectSameDomain,
+	}
+	for n, r := range want {
+		if nee.Rejected[n] != r {
+			t.Errorf("%s: got %q, want %q", n, nee.Rejected[n], r)
+		}
+	}
+	// Without the topology constraint each capacity reason shows.
+	_, err = Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 2, LogBandwidthMbps: 100, AvoidNodes: []string{"zone"}})
+	if !errors.As(err, &nee) {
+		t.Fatalf("want NoEligibleNodeError, got %v", err)
+	}
+	want = map[string]string{"full": RejectMemberLimit, "cpu": RejectVCPULimit, "bw": RejectLogBandwidth, "down": "NotReady", "zone": RejectAntiAffinity}
+	for n, r := range want {
+		if nee.Rejected[n] != r {
+			t.Errorf("%s: got %q, want %q", n, nee.Rejected[n], r)
+		}
+	}
+	if got := err.Error(); got != "0/5 nodes are eligible: 1 FT VM limit reached, 1 FT vCPU limit reached, 1 NotReady, 1 holds the other member of the pair, 1 logging bandwidth budget exhausted" {
+		t.Errorf("message: %s", got)
+	}
+}
+
+func TestPlaceBalancesLoggingTrafficByDirection(t *testing.T) {
+	// Paper 2.7: spread primaries so that logging traffic is balanced. Placing pairs one after
+	// another on three nodes ends with one primary and one secondary on each node.
+	nodes := []Node{{Name: "a", Limits: defaultLimits}, {Name: "b", Limits: defaultLimits}, {Name: "c", Limits: defaultLimits}}
+	for i := range 3 {
+		pair := fmt.Sprint("vm", i)
+		p, err := Place(nodes, Request{Pair: pair, Role: Primary, VCPUs: 1, LogBandwidthMbps: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = addMember(nodes, p, Member{Pair: pair, Role: Primary, VCPUs: 1, LogBandwidthMbps: 100})
+		s, err := Place(nodes, Request{Pair: pair, Role: Secondary, VCPUs: 1, LogBandwidthMbps: 100, AvoidNodes: []string{p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = addMember(nodes, s, Member{Pair: pair, Role: Secondary, VCPUs: 1, LogBandwidthMbps: 100})
+	}
+	for _, n := range nodes {
+		u := UsageOf(n)
+		if u.Primaries != 1 || u.Members != 2 {
+			t.Errorf("node %s holds %d primaries of %d members; want 1 of 2", n.Name, u.Primaries, u.Members)
+		}
+	}
+}
+
+func TestLogBandwidthFormula(t *testing.T) {
+	// Paper 2.10: (disk reads MB/s * 8 + network receives Mbit/s) * 1.2.
+	for _, c := range []struct{ disk, net, want int }{{0, 0, 0}, {10, 20, 120}, {0, 1, 2}, {100, 150, 1140}} {
+		if got := LogBandwidthMbps(c.disk, c.net); got != c.want {
+			t.Errorf("LogBandwidthMbps(%d, %d) = %d, want %d", c.disk, c.net, got, c.want)
+		}
+	}
+}
+
+// TestPlacementPropertiesUnderChurn drives random clusters through pair creation, deletion, node
+// loss with promotion and re-protection, and node addition, and checks after every step that
+//   - no node holds more FT members, vCPUs or logging bandwidth than its limits allow, even
+//     after promotions turned secondaries into primaries,
+//   - no pair has both members on one node, or in one topology domain when it asked for that,
+//   - Place fails only when an independent check finds no eligible node, and its choice is
+//     eligible.
+func TestPlacementPropertiesUnderChurn(t *testing.T) {
+	for seed := range uint64(300) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			t.Parallel()
+			runChurn(t, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
+		})
+	}
+}
+
+type simPair struct {
+	vcpus, bw int
+	zoned     bool
+	primary   string // node, "" when none
+	secondary string
+}
+
+type sim struct {
+	t     *testing.T
+	r     *rand.Rand
+	nodes []Node
+	pairs map[string]*simPair
+	next  int
+}
+
+func runChurn(t *testing.T, r *rand.Rand) {
+	s := &sim{t: t, r: r, pairs: map[string]*simPair{}}
+	for range 2 + r.IntN(7) {
+		s.addNode()
+	}
+	for step := range 200 {
+		switch op := r.IntN(10); {
+		case op < 5:
+			s.addPair()
+		case op < 7:
+			s.deletePair()
+		case op < 9:
+			s.loseNode()
+		default:
+			s.addNode()
+		}
+		s.reprotectAll()
+		s.checkInvariants(step)
+	}
+}
+
+func (s *sim) addNode() {
+	lim := Limits{MaxMembers: 1 + s.r.IntN(6), MaxVCPUs: 1 + s.r.IntN(12)}
+	if s.r.IntN(2) == 0 {
+		lim.LogBandwidthMbps = 100 + s.r.IntN(1000)
+	}
+	n := Node{Name: fmt.Sprintf("node-%03d", s.next), Domain: fmt.Sprint("zone-", s.r.IntN(3)), Limits: lim}
+	if s.r.IntN(8) == 0 {
+		n.Unavailable = "NotReady"
+	}
+	s.next++
+	s.nodes = append(s.nodes, n)
+}
+
+func (s *sim) nodeIndex(name string) int {
+	for i := range s.nodes {
+		if s.nodes[i].Name == name {
+			return i
+		}
+	}
+	s.t.Fatalf("no node %s", name)
+	return -1
+}
+
+func (s *sim) request(name string, p *simPair, role Role, other string) Request {
+	req := Request{Pair: name, Role: role, VCPUs: p.vcpus, LogBandwidthMbps: p.bw}
+	if other != "" {
+		req.AvoidNodes = []string{other}
+		if p.zoned {
+			req.AvoidDomains = []string{s.nodes[s.nodeIndex(other)].Domain}
+		}
+	}
+	return req
+}
+
+// place asks Place and checks its answer against the oracle.
+func (s *sim) place(req Request) string {
+	got, err := Place(s.nodes, req)
+	anyEligible := false
+	for _, n := range s.nodes {
+		if oracleFits(n, req) {
+			anyEligible = true
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, ErrNoEligibleNode) {
+			s.t.Fatalf("unexpected error %v", err)
+		}
+		if anyEligible {
+			s.t.Fatalf("Place found no node for %+v, but one is eligible: %v", req, err)
+		}
+		return ""
+	}
+	if !oracleFits(s.nodes[s.nodeIndex(got)], req) {
+		s.t.Fatalf("Place chose %s for %+v, which is not eligible", got, req)
+	}
+	return got
+}
+
+func (s *sim) addPair() {
+	name := fmt.Sprint("pair-", s.next)
+	s.next++
+	p := &simPair{vcpus: 1 + s.r.IntN(4), zoned: s.r.IntN(3) == 0}
+	if s.r.IntN(2) == 0 {
+		p.bw = s.r.IntN(400)
+	}
+	s.pairs[name] = p
+	if node := s.place(s.request(name, p, Primary, "")); node != "" {
+		p.primary = node
+		s.nodes = addMember(s.nodes, node, Member{Pair: name, Role: Primary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+	}
+}
+
+func (s *sim) deletePair() {
+	for name := range s.pairs { // random enough: map order
+		s.removePairFrom(name, s.pairs[name].primary)
+		s.removePairFrom(name, s.pairs[name].secondary)
+		delete(s.pairs, name)
+		return
+	}
+}
+
+func (s *sim) removePairFrom(pair, node string) {
+	if node == "" {
+		return
+	}
+	i := s.nodeIndex(node)
+	kept := s.nodes[i].Members[:0]
+	for _, m := range s.nodes[i].Members {
+		if m.Pair != pair {
+			kept = append(kept, m)
+		}
+	}
+	s.nodes[i].Members = kept
+}
+
+// loseNode removes a node; a pair that lost its primary promotes its secondary.
+func (s *sim) loseNode() {
+	if len(s.nodes) == 0 {
+		return
+	}
+	i := s.r.IntN(len(s.nodes))
+	lost := s.nodes[i].Name
+	s.nodes = append(s.nodes[:i], s.nodes[i+1:]...)
+	for name, p := range s.pairs {
+		if p.primary == lost {
+			p.primary, p.secondary = p.secondary, ""
+			if p.primary != "" {
+				j := s.nodeIndex(p.primary)
+				for k := range s.nodes[j].Members {
+					if s.nodes[j].Members[k].Pair == name {
+						s.nodes[j].Members[k].Role = Primary
+					}
+				}
+			}
+		}
+		if p.secondary == lost {
+			p.secondary = ""
+		}
+	}
+}
+
+// reprotectAll gives every pair without a member in a role a new one, where one fits.
+func (s *sim) reprotectAll() {
+	for name, p := range s.pairs {
+		if p.primary == "" {
+			if node := s.place(s.request(name, p, Primary, p.secondary)); node != "" {
+				p.primary = node
+				s.nodes = addMember(s.nodes, node, Member{Pair: name, Role: Primary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+			}
+		}
+		if p.primary != "" && p.secondary == "" {
+			if node := s.place(s.request(name, p, Secondary, p.primary)); node != "" {
+				p.secondary = node
+				s.nodes = addMember(s.nodes, node, Member{Pair: name, Role: Secondary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+			}
+		}
+	}
+}
+
+func (s *sim) checkInvariants(step int) {
+	for _, n := range s.nodes {
+		members, vcpus, send, recv := 0, 0, 0, 0
+		pairs := map[string]bool{}
+		for _, m := range n.Members {
+			members++
+			vcpus += m.VCPUs
+			if m.Role == Primary {
+				send += m.LogBandwidthMbps
+			} else {
+				recv += m.LogBandwidthMbps
+			}
+			if pairs[m.Pair] {
+				s.t.Fatalf("step %d: node %s holds both members of %s", step, n.Name, m.Pair)
+			}
+			pairs[m.Pair] = true
+		}
+		l := n.Limits
+		if members > l.MaxMembers || vcpus > l.MaxVCPUs || (l.LogBandwidthMbps > 0 && send+recv > l.LogBandwidthMbps) {
+			s.t.Fatalf("step %d: node %s over its limits %+v: %d members, %d vCPUs, %d/%d Mbit/s", step, n.Name, l, members, vcpus, send, recv)
+		}
+	}
+	for name, p := range s.pairs {
+		if p.primary != "" && p.primary == p.secondary {
+			s.t.Fatalf("step %d: pair %s has both members on %s", step, name, p.primary)
+		}
+		if p.zoned && p.primary != "" && p.secondary != "" &&
+			s.nodes[s.nodeIndex(p.primary)].Domain == s.nodes[s.nodeIndex(p.secondary)].Domain {
+			s.t.Fatalf("step %d: zoned pair %s has both members in one domain", step, name)
+		}
+	}
+}
+
+// oracleFits is an independent, plain statement of the placement rules.
+func oracleFits(n Node, req Request) bool {
+	if n.Unavailable != "" {
+		return false
+	}
+	members, vcpus, bw := 1, req.VCPUs, req.LogBandwidthMbps
+	for _, m := range n.Members {
+		if m.Pair == req.Pair {
+			return false
+		}
+		members++
+		vcpus += m.VCPUs
+		bw += m.LogBandwidthMbps
+	}
+	for _, a := range req.AvoidNodes {
+		if a == n.Name {
+			return false
+		}
+	}
+	for _, d := range req.AvoidDomains {
+		if d == n.Domain || n.Domain == "" {
+			return false
+		}
+	}
+	return members <= n.Limits.MaxMembers && vcpus <= n.Limits.MaxVCPUs &&
+		(n.Limits.LogBandwidthMbps == 0 || bw <= n.Limits.LogBandwidthMbps)
+}
+
+func addMember(nodes []Node, name string, m Member) []Node {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			nodes[i].Members = append(nodes[i].Members, m)
+		}
+	}
+	return nodes
+}
