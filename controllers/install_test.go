@@ -42,7 +42,7 @@ var _ = Describe("Installation", func() {
 		kinds := map[string]int{}
 		for _, u := range objs {
 			kinds[u.GetKind()]++
-			Expect(k8s.Patch(ctx(), u, client.Apply, client.FieldOwner("install-test"), client.ForceOwnership)).
+			Expect(k8s.Apply(ctx(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("install-test"), client.ForceOwnership)).
 				To(Succeed(), "%s %s", u.GetKind(), u.GetName())
 		}
 		Expect(kinds).To(HaveKey("CustomResourceDefinition"))
@@ -56,7 +56,7 @@ var _ = Describe("Installation", func() {
 				if u.GetKind() == "NetworkAttachmentDefinition" {
 					continue // newNamespace made ft-logging already; the sample must decode
 				}
-				Expect(k8s.Patch(ctx(), u, client.Apply, client.FieldOwner("install-test"))).To(Succeed(), f)
+				Expect(k8s.Apply(ctx(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("install-test"))).To(Succeed(), f)
 			}
 		}
 		sample := getFTVM(ns, "mail-01")
