@@ -394,7 +394,7 @@ func (r *FaultTolerantVMReconciler) startMember(ctx context.Context, s *scope, t
 		Since:            r.Clock.Now(),
 		LogBandwidthMbps: r.logBandwidthMbps(ftvm),
 	}
-	req := placement.Request{Pair: ftvm.Name, Role: placement.Role(role), VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps}
+	req := placement.Request{Pair: pairKey(ftvm.Namespace, ftvm.Name), Role: placement.Role(role), VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps}
 	if partner != nil {
 		req.AvoidNodes = []string{partner.node}
 		if key := ftvm.Spec.TopologyKey; key != "" {
@@ -464,8 +464,10 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 	if !controllerutil.ContainsFinalizer(ftvm, ftv1.Finalizer) {
 		return ctrl.Result{}, nil
 	}
+	// Read the API server, not the cache: a member created just before the deletion may not be
+	// in the cache yet, and the finalizer must not go while a member exists.
 	var vmis virtv1.VirtualMachineInstanceList
-	if err := r.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingFields{indexMemberByPair: ftvm.Name}); err != nil {
+	if err := r.APIReader.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
 	remaining := 0

@@ -112,6 +112,17 @@ var _ = Describe("FaultTolerantVM", func() {
 			Eventually(func() []string { return eventReasons(ns, "mail-01") }, timeout, interval).Should(ContainElements("MemberCreated", ftv1.ReasonProtected))
 		})
 
+		It("keeps pairs of the same name in different namespaces apart only from their own partner", func() {
+			// Two nodes, two VMs named alike: each pair must use both nodes.
+			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}})).To(Succeed())
+			other := newNamespace()
+			Expect(k8s.Create(ctx(), newFTVM(ns, "twin"))).To(Succeed())
+			Expect(k8s.Create(ctx(), newFTVM(other, "twin"))).To(Succeed())
+			waitForState(ns, "twin", ftv1.StateProtected)
+			waitForState(other, "twin", ftv1.StateProtected)
+			deleteAllFTVMs(other)
+		})
+
 		It("keeps members in different zones when asked", func() {
 			ftvm := newFTVM(ns, "zoned")
 			ftvm.Spec.TopologyKey = corev1.LabelTopologyZone
@@ -264,7 +275,9 @@ var _ = Describe("FaultTolerantVM", func() {
 			setNodeReady(oldPrimary.Node, false)
 
 			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
-			after := waitForState(ns, "vm", ftv1.StateProtected)
+			after := waitFor(ns, "vm", "protected by a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != oldSecondary.VMI
+			})
 			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI), "the secondary is promoted, not restarted")
 			Expect(after.Status.Primary.Node).To(Equal(oldSecondary.Node))
 			Expect(after.Status.Secondary.VMI).To(Equal("vm-3"))
@@ -283,7 +296,9 @@ var _ = Describe("FaultTolerantVM", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
 			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: oldSecondary.Node}})).To(Succeed())
 			Eventually(isGone(ns, oldSecondary.VMI), timeout, interval).Should(BeTrue())
-			after := waitForState(ns, "vm", ftv1.StateProtected)
+			after := waitFor(ns, "vm", "protected by a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != oldSecondary.VMI
+			})
 			Expect(after.Status.Primary.VMI).To(Equal(oldPrimary.VMI), "the primary is untouched")
 			Expect(after.Status.Secondary.Node).NotTo(BeElementOf(oldPrimary.Node, oldSecondary.Node))
 			Expect(after.Status.FailoverCount).To(BeZero())
@@ -297,8 +312,9 @@ var _ = Describe("FaultTolerantVM", func() {
 			base := vmi.DeepCopy()
 			vmi.Status.Conditions = []virtv1.VirtualMachineInstanceCondition{{Type: virtv1.VirtualMachineInstanceReady, Status: corev1.ConditionFalse, Reason: virtv1.PodNotExistsReason}}
 			Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
-			Eventually(func() string { return getFTVM(ns, "vm").Status.Primary.VMI }, timeout, interval).Should(Equal(oldSecondary.VMI))
-			waitForState(ns, "vm", ftv1.StateProtected)
+			waitFor(ns, "vm", "the secondary promoted and a new one protecting it", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Primary.VMI == oldSecondary.VMI
+			})
 		})
 
 		It("waits for the grace period before judging a NotReady node lost", func() {
@@ -334,7 +350,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			}
 			wg.Wait()
 
-			Eventually(func() int { return countMembers(ns) }, timeout, interval).Should(Equal(16))
+			Eventually(func() int { return countMembers(ns) }, timeout, interval).Should(Equal(16), allMembersByNode)
 			// Every pair that is not protected waits for a node and says so: without a member
 			// (Starting) or without a secondary (NotProtected).
 			var waiting []string
@@ -362,9 +378,14 @@ var _ = Describe("FaultTolerantVM", func() {
 			}, timeout, interval).Should(Succeed())
 			Expect(eventReasons(ns, waiting[0])).To(ContainElement(ftv1.ReasonNoEligibleNode))
 
-			By("adding two nodes, the waiting pairs get secondaries")
+			// Three nodes give 12 free slots for the 8 missing members. With exactly as many slots
+			// as members, a pair can be left whose only free slot is on its own primary's node;
+			// with a node's worth of spare slots that cannot happen (the primary's node has at
+			// most 3 free, so one is elsewhere).
+			By("adding three nodes, the waiting pairs get their members")
 			makeNode("node-5", "zone-b")
 			makeNode("node-6", "zone-b")
+			makeNode("node-7", "zone-b")
 			for i := range pairs {
 				waitForState(ns, fmt.Sprintf("vm-%02d", i), ftv1.StateProtected)
 			}
@@ -487,6 +508,17 @@ func countMembers(ns string) int {
 	var vmis virtv1.VirtualMachineInstanceList
 	Expect(k8s.List(ctx(), &vmis, client.InNamespace(ns))).To(Succeed())
 	return len(vmis.Items)
+}
+
+// allMembersByNode describes every member VMI in the cluster, for failure messages.
+func allMembersByNode() string {
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx(), &vmis)).To(Succeed())
+	out := map[string][]string{}
+	for _, v := range vmis.Items {
+		out[v.Labels[ftv1.LabelNode]] = append(out[v.Labels[ftv1.LabelNode]], fmt.Sprintf("%s/%s(deleting=%v)", v.Namespace, v.Name, v.DeletionTimestamp != nil))
+	}
+	return fmt.Sprintf("members by node: %v", out)
 }
 
 func membersOnNode(node string) int {

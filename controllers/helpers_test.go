@@ -148,6 +148,19 @@ func waitForState(ns, name string, state ftv1.FTState) *ftv1.FaultTolerantVM {
 	return ftvm
 }
 
+// waitFor waits until the FaultTolerantVM satisfies ok and returns it.
+func waitFor(ns, name, what string, ok func(*ftv1.FaultTolerantVM) bool) *ftv1.FaultTolerantVM {
+	GinkgoHelper()
+	var ftvm *ftv1.FaultTolerantVM
+	Eventually(func() bool {
+		ftvm = getFTVM(ns, name)
+		return ok(ftvm)
+	}, timeout, interval).Should(BeTrue(), func() string {
+		return fmt.Sprintf("%s: state %s, conditions %s", what, ftvm.Status.State, conditionsOf(ftvm))
+	})
+	return ftvm
+}
+
 func conditionsOf(ftvm *ftv1.FaultTolerantVM) string {
 	out := ""
 	for _, c := range ftvm.Status.Conditions {

@@ -61,6 +61,15 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 	}
 	node, err := placement.Place(nodes, req)
 	if err != nil {
+		if logger := logr.FromContextOrDiscard(ctx).V(1); logger.Enabled() {
+			held := map[string][]string{}
+			for _, n := range nodes {
+				for _, m := range n.Members {
+					held[n.Name] = append(held[n.Name], m.Pair+"/"+string(m.Role))
+				}
+			}
+			logger.Info("no eligible node", "pair", req.Pair, "role", req.Role, "members", held, "assumed", p.assumedKeys())
+		}
 		return "", err
 	}
 	if err := create(node); err != nil {
@@ -72,6 +81,15 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 	p.assumed[key] = assumedMember{node: node, at: time.Now(),
 		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
 	return node, nil
+}
+
+// assumedKeys lists the members created but not yet seen in the cache, for debugging.
+func (p *Placer) assumedKeys() []string {
+	keys := make([]string, 0, len(p.assumed))
+	for k, a := range p.assumed {
+		keys = append(keys, k.String()+"@"+a.node)
+	}
+	return keys
 }
 
 // view is the cluster as placement sees it: every node with its FT limits, whether the VM may run
@@ -124,11 +142,16 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	return out, nil
 }
 
+// pairKey names a pair across namespaces: two FaultTolerantVMs may share a name.
+func pairKey(namespace, name string) string {
+	return namespace + "/" + name
+}
+
 // memberOf is a member VMI as placement counts it.
 func memberOf(v *virtv1.VirtualMachineInstance) placement.Member {
 	bw, _ := strconv.Atoi(v.Annotations[ftv1.AnnotationReservedLogBandwidth])
 	return placement.Member{
-		Pair:             v.Labels[ftv1.LabelPair],
+		Pair:             pairKey(v.Namespace, v.Labels[ftv1.LabelPair]),
 		Role:             placement.Role(v.Labels[ftv1.LabelRole]),
 		VCPUs:            member.VCPUs(&v.Spec),
 		LogBandwidthMbps: bw,
