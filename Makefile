@@ -28,9 +28,10 @@ help: ## Show the targets.
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the Go types and markers.
-	$(CONTROLLER_GEN) rbac:roleName=lockstep-operator crd:allowDangerousTypes=true,maxDescLen=0 \
+	$(CONTROLLER_GEN) rbac:roleName=lockstep-operator crd:allowDangerousTypes=true \
 		paths="./api/..." paths="./controllers/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	go run ./hack/crdtrim config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate the deepcopy functions.

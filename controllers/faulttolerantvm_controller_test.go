@@ -412,6 +412,16 @@ var _ = Describe("FaultTolerantVM", func() {
 				return []ftv1.FTState{getFTVM(ns, "vm-0").Status.State, getFTVM(ns, "vm-1").Status.State}
 			}, timeout, interval).Should(ContainElement(ftv1.StateProtected))
 			Consistently(func() int { return membersOnNode("small") }, 2*time.Second, interval).Should(Equal(1))
+
+			By("deleting the protected VM, its slot goes to the waiting one")
+			protected, waiting := "vm-0", "vm-1"
+			if getFTVM(ns, "vm-1").Status.State == ftv1.StateProtected {
+				protected, waiting = waiting, protected
+			}
+			Expect(condition(getFTVM(ns, waiting), ftv1.ConditionProtected).Reason).To(Equal(ftv1.ReasonNoEligibleNode))
+			Expect(k8s.Delete(ctx(), getFTVM(ns, protected))).To(Succeed())
+			waitForState(ns, waiting, ftv1.StateProtected)
+			Expect(membersOnNode("small")).To(Equal(1))
 		})
 	})
 
