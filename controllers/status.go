@@ -142,8 +142,16 @@ func templateHash(ftvm *ftv1.FaultTolerantVM) (string, error) {
 	return hash, err
 }
 
-// emitTransitions records an event when protection is gained or lost, the spec becomes invalid,
-// or a restart becomes required; actions (create, promote, replace) record their own.
+// warningReasons are the condition reasons that need a person's attention.
+var warningReasons = map[string]bool{
+	ftv1.ReasonNoEligibleNode: true, ftv1.ReasonNodeLost: true, ftv1.ReasonLoggingNetworkNotFound: true,
+	ftv1.ReasonInvalidSpec: true, ftv1.ReasonDiskNotFound: true, ftv1.ReasonSecondaryLost: true,
+	ftv1.ReasonPrimaryLost: true, health.ReasonNodeNotReady: true, health.ReasonNodeUnreachable: true,
+}
+
+// emitTransitions records an event when the Protected, Valid or RestartRequired condition
+// changes; actions (create, promote, replace) record their own. A condition's first state is news
+// only when it is a problem.
 func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTolerantVM) {
 	for _, typ := range []string{ftv1.ConditionProtected, ftv1.ConditionValid, ftv1.ConditionRestartRequired} {
 		old := apimeta.FindStatusCondition(before.Status.Conditions, typ)
@@ -151,18 +159,11 @@ func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTol
 		if cur == nil || (old != nil && old.Status == cur.Status && old.Reason == cur.Reason) {
 			continue
 		}
-		bad := (typ == ftv1.ConditionRestartRequired) == (cur.Status == metav1.ConditionTrue)
-		if typ == ftv1.ConditionValid && !bad && old == nil {
-			continue // valid from the start: nothing to say
-		}
-		if typ == ftv1.ConditionRestartRequired && !bad {
-			if old == nil {
-				continue
-			}
-		}
 		kind := corev1.EventTypeNormal
-		if bad {
+		if warningReasons[cur.Reason] {
 			kind = corev1.EventTypeWarning
+		} else if old == nil {
+			continue
 		}
 		r.Recorder.Eventf(after, nil, kind, cur.Reason, typ, "%s", cur.Message)
 	}
