@@ -16,6 +16,8 @@ pkg_of() {
     controller-gen) echo "sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0" ;;
     golangci-lint)  echo "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.11.4" ;;
     kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5@v5.8.2" ;;
+    kwokctl)        echo "sigs.k8s.io/kwok/cmd/kwokctl@v0.8.0" ;;
+    kwok)           echo "sigs.k8s.io/kwok/cmd/kwok@v0.8.0" ;;
     ginkgo)         echo "github.com/onsi/ginkgo/v2/ginkgo@$(cd "$ROOT" && go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)" ;;
     *) echo "unknown tool $1" >&2; return 2 ;;
   esac
