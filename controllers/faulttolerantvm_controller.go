@@ -353,7 +353,8 @@ func (r *FaultTolerantVMReconciler) phaseEnsurePrimary(ctx context.Context, s *s
 // phaseEnsureSecondary starts a secondary for a primary that has none, from the template the
 // primary runs.
 func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s *scope) error {
-	if s.primary == nil || s.secondary != nil || s.primary.verdict.State == health.Lost {
+	// After phaseFailover a primary is never Lost: it was replaced or cleared.
+	if s.primary == nil || s.secondary != nil {
 		return nil
 	}
 	if s.networkMissing != "" {
