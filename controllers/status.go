@@ -149,9 +149,14 @@ var warningReasons = map[string]bool{
 	ftv1.ReasonPrimaryLost: true, health.ReasonNodeNotReady: true, health.ReasonNodeUnreachable: true,
 }
 
+// quietReasons are first states that are not news. Any other state is, even when it is the first
+// this reconcile sees: the cache may not show the status an earlier reconcile wrote.
+var quietReasons = map[string]bool{
+	ftv1.ReasonStarting: true, ftv1.ReasonSecondaryStarting: true, ftv1.ReasonValid: true, ftv1.ReasonTemplateCurrent: true,
+}
+
 // emitTransitions records an event when the Protected, Valid or RestartRequired condition
-// changes; actions (create, promote, replace) record their own. A condition's first state is news
-// only when it is a problem.
+// changes; actions (create, promote, replace) record their own.
 func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTolerantVM) {
 	for _, typ := range []string{ftv1.ConditionProtected, ftv1.ConditionValid, ftv1.ConditionRestartRequired} {
 		old := apimeta.FindStatusCondition(before.Status.Conditions, typ)
@@ -159,11 +164,12 @@ func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTol
 		if cur == nil || (old != nil && old.Status == cur.Status && old.Reason == cur.Reason) {
 			continue
 		}
+		if old == nil && quietReasons[cur.Reason] {
+			continue
+		}
 		kind := corev1.EventTypeNormal
 		if warningReasons[cur.Reason] {
 			kind = corev1.EventTypeWarning
-		} else if old == nil {
-			continue
 		}
 		r.Recorder.Eventf(after, nil, kind, cur.Reason, typ, "%s", cur.Message)
 	}
