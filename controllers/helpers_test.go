@@ -139,25 +139,18 @@ func getFTVM(ns, name string) *ftv1.FaultTolerantVM {
 // waitForState waits until the FaultTolerantVM is in the state and returns it.
 func waitForState(ns, name string, state ftv1.FTState) *ftv1.FaultTolerantVM {
 	GinkgoHelper()
+	return waitFor(ns, name, "state "+string(state), func(f *ftv1.FaultTolerantVM) bool { return f.Status.State == state })
+}
+
+// waitFor waits until the FaultTolerantVM satisfies ok and returns it; a failed read is retried.
+func waitFor(ns, name, what string, ok func(*ftv1.FaultTolerantVM) bool) *ftv1.FaultTolerantVM {
+	GinkgoHelper()
 	var ftvm *ftv1.FaultTolerantVM
 	Eventually(func(g Gomega) {
 		ftvm = &ftv1.FaultTolerantVM{}
 		g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, ftvm)).To(Succeed())
-		g.Expect(ftvm.Status.State).To(Equal(state), "conditions: %s", conditionsOf(ftvm))
+		g.Expect(ok(ftvm)).To(BeTrue(), "want %s; state %s, conditions %s", what, ftvm.Status.State, conditionsOf(ftvm))
 	}, timeout, interval).Should(Succeed())
-	return ftvm
-}
-
-// waitFor waits until the FaultTolerantVM satisfies ok and returns it.
-func waitFor(ns, name, what string, ok func(*ftv1.FaultTolerantVM) bool) *ftv1.FaultTolerantVM {
-	GinkgoHelper()
-	var ftvm *ftv1.FaultTolerantVM
-	Eventually(func() bool {
-		ftvm = getFTVM(ns, name)
-		return ok(ftvm)
-	}, timeout, interval).Should(BeTrue(), func() string {
-		return fmt.Sprintf("%s: state %s, conditions %s", what, ftvm.Status.State, conditionsOf(ftvm))
-	})
 	return ftvm
 }
 

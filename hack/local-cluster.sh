@@ -49,7 +49,8 @@ up() {
   else
     "$ROOT/bin/kwokctl" start cluster --name "$NAME" --wait 2m
   fi
-  for i in $(seq 1 "$nodes"); do add_node "node-$i" "zone-$(printf '%s' abc | cut -c$(( (i - 1) % 3 + 1 )))"; done
+  local zones=(a b c)
+  for i in $(seq 1 "$nodes"); do add_node "node-$i" "zone-${zones[(i - 1) % 3]}"; done
   echo ">> cluster $NAME up with $nodes nodes; KUBECONFIG=$KUBECONFIG_PATH" >&2
 }
 
