@@ -42,8 +42,8 @@ fmt: ## go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## go vet.
-	go vet ./...
+vet: ## go vet (the e2e suite too).
+	go vet -tags e2e ./...
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
@@ -60,7 +60,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit and property tests of the pure packages (placement, health, member, validation).
@@ -69,6 +69,22 @@ test-unit: ## Unit and property tests of the pure packages (placement, health, m
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers against a real kube-apiserver and etcd.
 	go test -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
+
+.PHONY: test-e2e
+test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
+	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
+
+.PHONY: demo
+demo: ## Start a 6-node local cluster, protect the samples, kill a node, show the failover; KEEP=1 leaves it up.
+	hack/demo.sh
+
+.PHONY: cluster-up
+cluster-up: ## Start the local cluster (6 nodes, operator, KubeVirt test double); idempotent.
+	hack/local-cluster.sh up 6
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and remove it; idempotent.
+	hack/local-cluster.sh down
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached) kube-apiserver and etcd from source into bin/k8s.
@@ -85,8 +101,9 @@ installer: manifests $(KUSTOMIZE) ## Render config/default (CRD, RBAC, operator)
 	$(KUSTOMIZE) build config/default > $(BIN)/install.yaml
 
 .PHONY: build
-build: ## Build the binaries into bin/.
+build: ## Build the binaries into bin/ (and the KubeVirt test double of the local cluster).
 	go build -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
+	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
 
 .PHONY: run
 run: manifests ## Run the operator against the current kubeconfig.

@@ -336,25 +336,30 @@ func (s *scope) canStartMembers() bool {
 	return s.invalid == nil && s.networkMissing == ""
 }
 
-// phaseEnsurePrimary starts the primary of a new (or restarted) pair.
+// phaseEnsurePrimary starts a new (or restarted) pair: both members in one placement decision,
+// so that pairs starting together fill nodes with whole pairs rather than lone primaries.
 func (r *FaultTolerantVMReconciler) phaseEnsurePrimary(ctx context.Context, s *scope) error {
 	if s.primary != nil || !s.canStartMembers() {
 		return nil
 	}
 	tmpl := member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
-	mv, err := r.startMember(ctx, s, tmpl, ftv1.RolePrimary, nil)
-	if err != nil {
-		return r.recordPlacementError(s, &s.primaryErr, err)
+	if s.secondary != nil {
+		// Only a primary deleted by hand leaves a secondary alone; start a primary beside it.
+		mv, err := r.startMember(ctx, s, tmpl, ftv1.RolePrimary, s.secondary)
+		if err != nil {
+			return r.recordPlacementError(s, &s.primaryErr, err)
+		}
+		s.primary = mv
+		return nil
 	}
-	s.primary = mv
-	return nil
+	return r.startPair(ctx, s, tmpl)
 }
 
 // phaseEnsureSecondary starts a secondary for a primary that has none, from the template the
 // primary runs.
 func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s *scope) error {
 	// After phaseFailover a primary is never Lost: it was replaced or cleared.
-	if s.primary == nil || s.secondary != nil {
+	if s.primary == nil || s.secondary != nil || s.secondaryErr != nil {
 		return nil
 	}
 	if s.networkMissing != "" {
@@ -385,44 +390,104 @@ func (r *FaultTolerantVMReconciler) recordPlacementError(s *scope, into *error, 
 	return err
 }
 
-// startMember places a new member and creates it (and its disk copies).
-func (r *FaultTolerantVMReconciler) startMember(ctx context.Context, s *scope, tmpl ftv1.VMITemplate, role string, partner *memberView) (*memberView, error) {
+// newMember is a member about to be placed and created.
+type newMember struct {
+	name string
+	tmpl ftv1.VMITemplate
+	spec member.Member
+	req  placement.Request
+	vmi  *virtv1.VirtualMachineInstance // set once created
+}
+
+func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplate, role string, ordinal int) *newMember {
 	ftvm := s.ftvm
-	ordinal := s.maxOrdinal + 1
-	m := member.Member{
-		Ordinal:          ordinal,
-		Role:             role,
-		Since:            r.Clock.Now(),
-		LogBandwidthMbps: r.logBandwidthMbps(ftvm),
+	m := member.Member{Ordinal: ordinal, Role: role, Since: r.Clock.Now(), LogBandwidthMbps: r.logBandwidthMbps(ftvm)}
+	return &newMember{
+		name: member.Name(ftvm.Name, ordinal),
+		tmpl: tmpl,
+		spec: m,
+		req: placement.Request{Pair: pairKey(ftvm.Namespace, ftvm.Name), Role: placement.Role(role),
+			VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps},
 	}
-	req := placement.Request{Pair: pairKey(ftvm.Namespace, ftvm.Name), Role: placement.Role(role), VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps}
+}
+
+func (nm *newMember) key(s *scope) types.NamespacedName {
+	return types.NamespacedName{Namespace: s.ftvm.Namespace, Name: nm.name}
+}
+
+// create creates the member (and its disk copies) on node; the Placer calls it.
+func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *newMember, node string) error {
+	nm.spec.Node = node
+	claims, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role)
+	if err != nil {
+		return err
+	}
+	nm.spec.Claims = claims
+	vmi, err := member.Build(s.ftvm, nm.tmpl, nm.spec, r.Config.Member)
+	if err != nil {
+		return err
+	}
+	if err := controllerutil.SetControllerReference(s.ftvm, vmi, r.Scheme); err != nil {
+		return err
+	}
+	if err := r.Create(ctx, vmi); err != nil {
+		return err
+	}
+	nm.vmi = vmi
+	return nil
+}
+
+// created records a created member in the scope, the log and the events.
+func (r *FaultTolerantVMReconciler) created(ctx context.Context, s *scope, nm *newMember) *memberView {
+	s.maxOrdinal = max(s.maxOrdinal, nm.spec.Ordinal)
+	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
+	log.FromContext(ctx).Info("created member", "vmi", nm.name, "role", nm.spec.Role, "node", nm.spec.Node)
+	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending)}}
+}
+
+// startPair places and creates both members of a new pair; when only the primary fits, it starts
+// alone and the status says why it is not protected.
+func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) error {
+	p := r.prepareMember(s, tmpl, ftv1.RolePrimary, s.maxOrdinal+1)
+	sec := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+2)
+	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
+		func(node string) error { return r.create(ctx, s, p, node) },
+		func(node string) error { return r.create(ctx, s, sec, node) })
+	if pp.Primary != "" {
+		s.primary = r.created(ctx, s, p)
+	}
+	if pp.Secondary != "" {
+		s.secondary = r.created(ctx, s, sec)
+	} else if pp.SecondaryErr != nil {
+		_ = r.recordPlacementError(s, &s.secondaryErr, pp.SecondaryErr) // a NoEligibleNodeError
+	}
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		// The cache trails our own earlier create; the next reconcile sees the member.
+		s.requeueWithin(time.Second)
+		return errStop
+	case err != nil && pp.Primary == "":
+		return r.recordPlacementError(s, &s.primaryErr, err)
+	default:
+		return err
+	}
+}
+
+// startMember places one new member and creates it (and its disk copies), away from its partner.
+func (r *FaultTolerantVMReconciler) startMember(ctx context.Context, s *scope, tmpl ftv1.VMITemplate, role string, partner *memberView) (*memberView, error) {
+	nm := r.prepareMember(s, tmpl, role, s.maxOrdinal+1)
 	if partner != nil {
-		req.AvoidNodes = []string{partner.node}
-		if key := ftvm.Spec.TopologyKey; key != "" {
+		nm.req.AvoidNodes = []string{partner.node}
+		if key := s.ftvm.Spec.TopologyKey; key != "" {
 			var pn corev1.Node
 			if err := r.Get(ctx, types.NamespacedName{Name: partner.node}, &pn); err != nil {
 				return nil, err
 			}
-			req.AvoidDomains = []string{pn.Labels[key]}
+			nm.req.AvoidDomains = []string{pn.Labels[key]}
 		}
 	}
-	name := member.Name(ftvm.Name, ordinal)
-	var vmi *virtv1.VirtualMachineInstance
-	node, err := r.Placer.PlaceAndCreate(ctx, req, &tmpl.Spec, ftvm.Spec.TopologyKey, types.NamespacedName{Namespace: ftvm.Namespace, Name: name}, func(node string) error {
-		m.Node = node
-		claims, err := r.ensureMemberClaims(ctx, ftvm, &tmpl.Spec, name, ordinal, role)
-		if err != nil {
-			return err
-		}
-		m.Claims = claims
-		vmi, err = member.Build(ftvm, tmpl, m, r.Config.Member)
-		if err != nil {
-			return err
-		}
-		if err := controllerutil.SetControllerReference(ftvm, vmi, r.Scheme); err != nil {
-			return err
-		}
-		return r.Create(ctx, vmi)
+	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
+		return r.create(ctx, s, nm, node)
 	})
 	if apierrors.IsAlreadyExists(err) {
 		// The cache trails our own earlier create; the next reconcile sees the member.
@@ -432,10 +497,7 @@ func (r *FaultTolerantVMReconciler) startMember(ctx context.Context, s *scope, t
 	if err != nil {
 		return nil, err
 	}
-	s.maxOrdinal = ordinal
-	r.Recorder.Eventf(ftvm, vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", role, name, node)
-	log.FromContext(ctx).Info("created member", "vmi", name, "role", role, "node", node)
-	return &memberView{vmi: vmi, ordinal: ordinal, node: node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending)}}, nil
+	return r.created(ctx, s, nm), nil
 }
 
 // logBandwidthMbps is the logging bandwidth reserved for the VM (paper 2.10).

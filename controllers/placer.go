@@ -61,26 +61,70 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 	}
 	node, err := placement.Place(nodes, req)
 	if err != nil {
-		if logger := logr.FromContextOrDiscard(ctx).V(1); logger.Enabled() {
-			held := map[string][]string{}
-			for _, n := range nodes {
-				for _, m := range n.Members {
-					held[n.Name] = append(held[n.Name], m.Pair+"/"+string(m.Role))
-				}
-			}
-			logger.Info("no eligible node", "pair", req.Pair, "role", req.Role, "members", held, "assumed", p.assumedKeys())
-		}
+		p.logNoNode(ctx, nodes, req)
 		return "", err
 	}
 	if err := create(node); err != nil {
 		return "", err
 	}
+	p.assume(key, node, req)
+	return node, nil
+}
+
+// PlaceAndCreatePair places both members of a new pair in one decision (placement.PlacePair)
+// and creates them, primary first. Placement.Secondary is "" when only the primary could be
+// placed (SecondaryErr says why) or when creating the secondary failed (the error says why); the
+// primary was created whenever Placement.Primary is set.
+func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
+	topologyKey string, primaryKey, secondaryKey types.NamespacedName, createPrimary, createSecondary func(node string) error) (placement.PairPlacement, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	nodes, err := p.view(ctx, vm, topologyKey)
+	if err != nil {
+		return placement.PairPlacement{}, err
+	}
+	pp, err := placement.PlacePair(nodes, primary, secondary, topologyKey != "")
+	if err != nil {
+		p.logNoNode(ctx, nodes, primary)
+		return placement.PairPlacement{}, err
+	}
+	if err := createPrimary(pp.Primary); err != nil {
+		return placement.PairPlacement{}, err
+	}
+	p.assume(primaryKey, pp.Primary, primary)
+	if pp.Secondary == "" {
+		return pp, nil
+	}
+	if err := createSecondary(pp.Secondary); err != nil {
+		pp.Secondary = ""
+		return pp, err
+	}
+	p.assume(secondaryKey, pp.Secondary, secondary)
+	return pp, nil
+}
+
+// assume remembers a member just created until the cache shows it.
+func (p *Placer) assume(key types.NamespacedName, node string, req placement.Request) {
 	if p.assumed == nil {
 		p.assumed = map[types.NamespacedName]assumedMember{}
 	}
 	p.assumed[key] = assumedMember{node: node, at: time.Now(),
 		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
-	return node, nil
+}
+
+// logNoNode logs, at debug level, what each node held when no node fitted.
+func (p *Placer) logNoNode(ctx context.Context, nodes []placement.Node, req placement.Request) {
+	logger := logr.FromContextOrDiscard(ctx).V(1)
+	if !logger.Enabled() {
+		return
+	}
+	held := map[string][]string{}
+	for _, n := range nodes {
+		for _, m := range n.Members {
+			held[n.Name] = append(held[n.Name], m.Pair+"/"+string(m.Role))
+		}
+	}
+	logger.Info("no eligible node", "pair", req.Pair, "role", req.Role, "members", held, "assumed", p.assumedKeys())
 }
 
 // assumedKeys lists the members created but not yet seen in the cache, for debugging.

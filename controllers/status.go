@@ -67,7 +67,12 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		set(ftv1.ConditionProtected, true, ftv1.ReasonProtected,
 			fmt.Sprintf("primary on node %s, secondary on node %s", s.primary.node, s.secondary.node))
 	case !alive(s.primary):
+		// A primary that is being started is Starting; one that cannot start until a person or
+		// the cluster acts (no eligible node, invalid spec, missing network or disk) is NotProtected.
 		st.State = ftv1.StateStarting
+		if s.primary == nil && pReason != ftv1.ReasonStarting {
+			st.State = ftv1.StateNotProtected
+		}
 		set(ftv1.ConditionProtected, false, pReason, "primary: "+pMsg)
 	case s.secondary != nil && s.secondary.verdict.State == health.Pending:
 		st.State = ftv1.StateStarting

@@ -18,7 +18,7 @@ export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 cd "$ROOT"
 KUBEVIRT_VERSION="$(go list -m -f '{{.Version}}' kubevirt.io/api)"
 NAD_VERSION="$(go list -m -f '{{.Version}}' github.com/k8snetworkplumbingwg/network-attachment-definition-client)"
-stamp="kubevirt=$KUBEVIRT_VERSION nad=$NAD_VERSION cert-manager=$CERT_MANAGER_VERSION prometheus-operator=$PROMETHEUS_OPERATOR_VERSION"
+stamp="shortnames kubevirt=$KUBEVIRT_VERSION nad=$NAD_VERSION cert-manager=$CERT_MANAGER_VERSION prometheus-operator=$PROMETHEUS_OPERATOR_VERSION"
 if [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ]; then
   exit 0
 fi
@@ -34,6 +34,9 @@ moddir() { # MODULE@VERSION -> its directory in the module cache
   output:crd:artifacts:config="$OUT/kubevirt"
 # controller-gen also emits a CRD for the embedded DataVolumeTemplateSpec, which is not a kind.
 rm -f "$OUT"/kubevirt/*datavolumetemplatespecs*.yaml
+# KubeVirt's own CRDs have short names (kubectl get vmi); the Go types carry no marker for them.
+sed -i 's/^    plural: virtualmachineinstances$/&\n    shortNames: [vmi, vmis]/' "$OUT/kubevirt/kubevirt.io_virtualmachineinstances.yaml"
+sed -i 's/^    plural: virtualmachines$/&\n    shortNames: [vm, vms]/' "$OUT/kubevirt/kubevirt.io_virtualmachines.yaml"
 
 cp "$(moddir "github.com/k8snetworkplumbingwg/network-attachment-definition-client@$NAD_VERSION")/artifacts/networks-crd.yaml" "$OUT/multus/"
 cp "$(moddir "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION")"/deploy/crds/*.yaml "$OUT/cert-manager/"

@@ -26,7 +26,9 @@ const (
 	StateStarting FTState = "Starting"
 	// StateProtected: a primary and a secondary run on two different nodes.
 	StateProtected FTState = "Protected"
-	// StateNotProtected: the primary runs without a running secondary; see the Protected condition.
+	// StateNotProtected: the primary runs without a running secondary, or the VM cannot start
+	// (no eligible node, invalid spec, missing logging network or disk); the Protected condition
+	// says why.
 	StateNotProtected FTState = "NotProtected"
 	// StateFailingOver: the primary was lost and its secondary is being promoted.
 	StateFailingOver FTState = "FailingOver"

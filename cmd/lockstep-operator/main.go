@@ -21,6 +21,7 @@ import (
 func main() {
 	var (
 		metricsAddr, probeAddr  string
+		leNamespace             string
 		secureMetrics, enableLE bool
 		cfg                     controllers.Config
 		limits                  placement.Limits
@@ -29,6 +30,7 @@ func main() {
 	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, authenticated and authorized by the API server.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
 	flag.BoolVar(&enableLE, "leader-elect", true, "Elect a leader, so that one replica places members at a time.")
+	flag.StringVar(&leNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; empty: the pod's namespace (needed outside a cluster).")
 	flag.IntVar(&limits.MaxMembers, "max-ft-vms-per-node", 4, "FT limit: FT VM members (primaries and secondaries) per node; a node's ft.lockstep.dev/max-ft-vms annotation overrides it.")
 	flag.IntVar(&limits.MaxVCPUs, "max-ft-vcpus-per-node", 8, "FT limit: vCPUs of FT VM members per node; ft.lockstep.dev/max-ft-vcpus overrides it.")
 	flag.IntVar(&limits.LogBandwidthMbps, "node-log-bandwidth-mbps", 1000, "Logging bandwidth budget of a node in Mbit/s (0: not budgeted); ft.lockstep.dev/log-bandwidth-mbps overrides it.")
@@ -54,12 +56,15 @@ func main() {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 controllers.NewScheme(),
-		Metrics:                metricsOpts,
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         enableLE,
-		LeaderElectionID:       "lockstep-operator.ft.lockstep.dev",
-		Cache:                  controllers.CacheOptions(),
+		Scheme:                  controllers.NewScheme(),
+		Metrics:                 metricsOpts,
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          enableLE,
+		LeaderElectionID:        "lockstep-operator.ft.lockstep.dev",
+		LeaderElectionNamespace: leNamespace,
+		// A replica that stops cleanly hands over at once; the process exits right after.
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         controllers.CacheOptions(),
 	})
 	if err != nil {
 		setupLog.Error(err, "creating the manager")

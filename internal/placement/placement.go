@@ -191,23 +191,92 @@ func directional(u Usage, role Role) int {
 // the member's direction is lowest, then the one with the fewest members, then the fewest FT
 // vCPUs, then by name, so that the answer is deterministic.
 func Place(nodes []Node, req Request) (string, error) {
+	ranked, err := rank(nodes, req)
+	if err != nil {
+		return "", err
+	}
+	return ranked[0], nil
+}
+
+// rank lists the nodes that fit req, best first (Place's order).
+func rank(nodes []Node, req Request) ([]string, error) {
+	type candidate struct {
+		name string
+		key  [3]int
+	}
 	rejected := map[string]string{}
-	best, bestKey := "", [3]int{}
+	var fit []candidate
 	for _, n := range nodes {
 		if why := Fits(n, req); why != "" {
 			rejected[n.Name] = why
 			continue
 		}
 		u := UsageOf(n)
-		key := [3]int{directional(u, req.Role), u.Members, u.VCPUs}
-		if best == "" || less(key, bestKey) || (key == bestKey && n.Name < best) {
-			best, bestKey = n.Name, key
+		fit = append(fit, candidate{n.Name, [3]int{directional(u, req.Role), u.Members, u.VCPUs}})
+	}
+	if len(fit) == 0 {
+		return nil, &NoEligibleNodeError{Rejected: rejected}
+	}
+	sort.SliceStable(fit, func(i, j int) bool {
+		if fit[i].key != fit[j].key {
+			return less(fit[i].key, fit[j].key)
+		}
+		return fit[i].name < fit[j].name
+	})
+	names := make([]string, len(fit))
+	for i, c := range fit {
+		names[i] = c.name
+	}
+	return names, nil
+}
+
+// PairPlacement is where a new pair starts. Secondary is "" when no two nodes can take the pair
+// but one can take the primary: the VM then runs NotProtected until a node frees up, as an FT VM
+// does in vSphere; SecondaryErr says why.
+type PairPlacement struct {
+	Primary, Secondary string
+	SecondaryErr       error
+}
+
+// PlacePair places both members of a new pair at once: the best node for the primary among those
+// that leave a node for the secondary, and the secondary where Place would put it next to that
+// primary. Placing the primary alone first would let many pairs starting together take every
+// node's last slot with a lone primary, leaving fewer VMs protected than the nodes could hold.
+// Re-protecting a running VM comes first: a slot is held for the secondary of every pair that
+// runs without one (HoldWaitingSecondaries). With separateDomains the secondary also avoids the
+// primary's topology domain. The error is the primary's *NoEligibleNodeError when not even the
+// primary fits.
+func PlacePair(nodes []Node, primary, secondary Request, separateDomains bool) (PairPlacement, error) {
+	nodes = HoldWaitingSecondaries(nodes)
+	candidates, err := rank(nodes, primary)
+	if err != nil {
+		return PairPlacement{}, err
+	}
+	var firstErr error
+	for _, p := range candidates {
+		with := make([]Node, len(nodes))
+		copy(with, nodes)
+		req := secondary
+		req.AvoidNodes = append(append([]string{}, secondary.AvoidNodes...), p)
+		for i := range with {
+			if with[i].Name != p {
+				continue
+			}
+			with[i].Members = append(append([]Member{}, with[i].Members...),
+				Member{Pair: primary.Pair, Role: primary.Role, VCPUs: primary.VCPUs, LogBandwidthMbps: primary.LogBandwidthMbps})
+			if separateDomains {
+				req.AvoidDomains = append(append([]string{}, secondary.AvoidDomains...), with[i].Domain)
+			}
+		}
+		s, err := Place(with, req)
+		if err == nil {
+			return PairPlacement{Primary: p, Secondary: s}, nil
+		}
+		if firstErr == nil {
+			firstErr = err
 		}
 	}
-	if best == "" {
-		return "", &NoEligibleNodeError{Rejected: rejected}
-	}
-	return best, nil
+	return PairPlacement{Primary: candidates[0], SecondaryErr: firstErr}, nil
 }
 
 func less(a, b [3]int) bool {
@@ -217,6 +286,50 @@ func less(a, b [3]int) bool {
 		}
 	}
 	return false
+}
+
+// HoldWaitingSecondaries returns a copy of nodes in which each pair that runs a primary without a
+// secondary also has its secondary placed (where Place would put it, away from the primary's
+// node; pairs in name order), so that a new pair cannot take the slot that would protect a
+// running VM. A secondary that fits nowhere holds nothing. Topology domains are not considered:
+// the nodes carry the domain of the requesting pair's key, not of each waiting pair's.
+func HoldWaitingSecondaries(nodes []Node) []Node {
+	out := make([]Node, len(nodes))
+	primaries := map[string]Member{}
+	primaryNode := map[string]string{}
+	hasSecondary := map[string]bool{}
+	for i, n := range nodes {
+		out[i] = n
+		out[i].Members = append([]Member{}, n.Members...)
+		for _, m := range n.Members {
+			if m.Role == Primary {
+				primaries[m.Pair], primaryNode[m.Pair] = m, n.Name
+			} else {
+				hasSecondary[m.Pair] = true
+			}
+		}
+	}
+	waiting := make([]string, 0, len(primaries))
+	for pair := range primaries {
+		if !hasSecondary[pair] {
+			waiting = append(waiting, pair)
+		}
+	}
+	sort.Strings(waiting)
+	for _, pair := range waiting {
+		m := primaries[pair]
+		req := Request{Pair: pair, Role: Secondary, VCPUs: m.VCPUs, LogBandwidthMbps: m.LogBandwidthMbps, AvoidNodes: []string{primaryNode[pair]}}
+		node, err := Place(out, req)
+		if err != nil {
+			continue
+		}
+		for i := range out {
+			if out[i].Name == node {
+				out[i].Members = append(out[i].Members, Member{Pair: pair, Role: Secondary, VCPUs: m.VCPUs, LogBandwidthMbps: m.LogBandwidthMbps})
+			}
+		}
+	}
+	return out
 }
 
 // LogBandwidthMbps is the white paper's sizing formula (section 2.10): FT logging bandwidth in

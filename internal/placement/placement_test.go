@@ -101,6 +101,64 @@ func TestPlaceBalancesLoggingTrafficByDirection(t *testing.T) {
 	}
 }
 
+func TestPlacePairStartsWholePairsBeforeLonePrimaries(t *testing.T) {
+	lim := Limits{MaxMembers: 2, MaxVCPUs: 8}
+	nodes := []Node{{Name: "a", Limits: lim}, {Name: "b", Limits: lim}, {Name: "c", Limits: lim}}
+	// Three nodes with two slots each hold three pairs, each on two different nodes.
+	for i := range 3 {
+		pair := fmt.Sprint("p", i)
+		pp, err := PlacePair(nodes, Request{Pair: pair, Role: Primary, VCPUs: 1}, Request{Pair: pair, Role: Secondary, VCPUs: 1}, false)
+		if err != nil || pp.Secondary == "" || pp.Primary == pp.Secondary {
+			t.Fatalf("pair %d: %+v, %v", i, pp, err)
+		}
+		nodes = addMember(nodes, pp.Primary, Member{Pair: pair, Role: Primary, VCPUs: 1})
+		nodes = addMember(nodes, pp.Secondary, Member{Pair: pair, Role: Secondary, VCPUs: 1})
+	}
+	_, err := PlacePair(nodes, Request{Pair: "p3", Role: Primary, VCPUs: 1}, Request{Pair: "p3", Role: Secondary, VCPUs: 1}, false)
+	if !errors.Is(err, ErrNoEligibleNode) {
+		t.Fatalf("full cluster: want ErrNoEligibleNode, got %v", err)
+	}
+
+	// One node with room: the primary starts alone, and the placement says why it is alone.
+	nodes = append(nodes, Node{Name: "d", Limits: lim})
+	pp, err := PlacePair(nodes, Request{Pair: "p3", Role: Primary, VCPUs: 1}, Request{Pair: "p3", Role: Secondary, VCPUs: 1}, false)
+	if err != nil || pp.Primary != "d" || pp.Secondary != "" {
+		t.Fatalf("want a lone primary on d, got %+v, %v", pp, err)
+	}
+	var nee *NoEligibleNodeError
+	if !errors.As(pp.SecondaryErr, &nee) || nee.Rejected["d"] != RejectAntiAffinity || nee.Rejected["a"] != RejectMemberLimit {
+		t.Fatalf("secondary's reasons: %v", pp.SecondaryErr)
+	}
+
+	// With a topology key the secondary leaves the primary's domain.
+	zoned := []Node{{Name: "a", Domain: "z1", Limits: lim}, {Name: "b", Domain: "z1", Limits: lim}, {Name: "c", Domain: "z2", Limits: Limits{MaxMembers: 4, MaxVCPUs: 8}}}
+	zoned = addMember(zoned, "c", Member{Pair: "other", Role: Secondary, VCPUs: 1})
+	pp, err = PlacePair(zoned, Request{Pair: "z", Role: Primary, VCPUs: 1}, Request{Pair: "z", Role: Secondary, VCPUs: 1}, true)
+	if err != nil || pp.Primary != "a" || pp.Secondary != "c" {
+		t.Fatalf("zoned: want a and c, got %+v, %v", pp, err)
+	}
+}
+
+func TestPlacePairLeavesTheSlotOfAWaitingSecondary(t *testing.T) {
+	lim := Limits{MaxMembers: 2, MaxVCPUs: 8}
+	// "run" runs a lone primary on a; b has the only free slots.
+	nodes := []Node{{Name: "a", Limits: lim}, {Name: "b", Limits: lim}}
+	nodes = addMember(nodes, "a", Member{Pair: "run", Role: Primary, VCPUs: 1})
+	nodes = addMember(nodes, "a", Member{Pair: "full", Role: Primary, VCPUs: 1})
+	pp, err := PlacePair(nodes, Request{Pair: "new", Role: Primary, VCPUs: 1}, Request{Pair: "new", Role: Secondary, VCPUs: 1}, false)
+	// One slot on b is held for run's secondary (and one for full's); "new" must wait.
+	if err == nil {
+		t.Fatalf("a new pair took a slot that protects a running VM: %+v", pp)
+	}
+	// The waiting secondaries themselves still go there.
+	if n, err := Place(nodes, Request{Pair: "run", Role: Secondary, VCPUs: 1, AvoidNodes: []string{"a"}}); err != nil || n != "b" {
+		t.Fatalf("run's secondary: %s, %v", n, err)
+	}
+	if got := HoldWaitingSecondaries(nodes); len(got[1].Members) != 2 || len(nodes[1].Members) != 0 {
+		t.Fatalf("held %v; the input must stay as it was: %v", got[1].Members, nodes[1].Members)
+	}
+}
+
 func TestLogBandwidthFormula(t *testing.T) {
 	// Paper 2.10: (disk reads MB/s * 8 + network receives Mbit/s) * 1.2.
 	for _, c := range []struct{ disk, net, want int }{{0, 0, 0}, {10, 20, 120}, {0, 1, 2}, {100, 150, 1140}} {
@@ -228,10 +286,61 @@ func (s *sim) addPair() {
 		p.bw = s.r.IntN(400)
 	}
 	s.pairs[name] = p
-	if node := s.place(s.request(name, p, Primary, "")); node != "" {
-		p.primary = node
-		s.nodes = addMember(s.nodes, node, Member{Pair: name, Role: Primary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+	pp, err := PlacePair(s.nodes, s.request(name, p, Primary, ""), s.request(name, p, Secondary, ""), p.zoned)
+	// The oracle sees what PlacePair may use: the nodes less the slots held for waiting secondaries.
+	held := HoldWaitingSecondaries(s.nodes)
+	both := s.oraclePairExists(held, name, p)
+	if err != nil {
+		if !errors.Is(err, ErrNoEligibleNode) {
+			s.t.Fatalf("unexpected error %v", err)
+		}
+		for _, n := range held {
+			if oracleFits(n, s.request(name, p, Primary, "")) {
+				s.t.Fatalf("PlacePair found no node for %s's primary, but %s is eligible: %v", name, n.Name, err)
+			}
+		}
+		return
 	}
+	if !oracleFits(held[s.nodeIndex(pp.Primary)], s.request(name, p, Primary, "")) {
+		s.t.Fatalf("PlacePair put %s's primary on %s, which is not eligible or holds a waiting secondary's slot", name, pp.Primary)
+	}
+	p.primary = pp.Primary
+	s.nodes = addMember(s.nodes, pp.Primary, Member{Pair: name, Role: Primary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+	if pp.Secondary == "" {
+		if both {
+			s.t.Fatalf("PlacePair started %s's primary alone (%v), but two nodes can take the pair", name, pp.SecondaryErr)
+		}
+		if !errors.Is(pp.SecondaryErr, ErrNoEligibleNode) {
+			s.t.Fatalf("a lone primary must say why: %v", pp.SecondaryErr)
+		}
+		return
+	}
+	if !oracleFits(s.nodes[s.nodeIndex(pp.Secondary)], s.request(name, p, Secondary, pp.Primary)) {
+		s.t.Fatalf("PlacePair put %s's secondary on %s next to its primary on %s, which is not eligible", name, pp.Secondary, pp.Primary)
+	}
+	p.secondary = pp.Secondary
+	s.nodes = addMember(s.nodes, pp.Secondary, Member{Pair: name, Role: Secondary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+}
+
+// oraclePairExists says, by trying every two nodes, whether the new pair fits as a whole.
+func (s *sim) oraclePairExists(nodes []Node, name string, p *simPair) bool {
+	for _, a := range nodes {
+		if !oracleFits(a, s.request(name, p, Primary, "")) {
+			continue
+		}
+		with := make([]Node, len(nodes))
+		for i := range nodes {
+			with[i] = nodes[i]
+			with[i].Members = append([]Member{}, nodes[i].Members...)
+		}
+		with = addMember(with, a.Name, Member{Pair: name, Role: Primary, VCPUs: p.vcpus, LogBandwidthMbps: p.bw})
+		for _, b := range with {
+			if oracleFits(b, s.request(name, p, Secondary, a.Name)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (s *sim) deletePair() {

@@ -1,0 +1,240 @@
+package kubevirtdouble
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+)
+
+// Launcher is the local-cluster double of virt-controller's pod handling (and of the phase
+// reports of virt-handler). The local cluster has a real scheduler and kwok-simulated kubelets,
+// so pods exist and are really scheduled: for each VMI it creates a launcher-like pod carrying
+// the VMI's labels, affinity, node selector, tolerations, priority and resources, lets the
+// scheduler place it, and mirrors the pod into the VMI status as KubeVirt does:
+//
+//	pod unscheduled                 -> Scheduling (PodScheduled False, the scheduler's message)
+//	pod bound to a node, Pending    -> Scheduled, status.nodeName
+//	pod Running                     -> Running, Ready True
+//	pod Succeeded / Failed          -> Succeeded / Failed
+//	pod being deleted               -> Ready False, reason PodTerminating
+//	pod gone after it was scheduled -> Failed, Ready False, reason PodNotExists
+//
+// On a lost node the pod stays as it was (no kubelet reports on it) until it is deleted, and then
+// it stays terminating: the same picture real KubeVirt gives. The double boots nothing.
+type Launcher struct {
+	client.Client
+	// Image is the launcher container's image; kwok never pulls it.
+	Image string
+}
+
+// LauncherMemoryOverhead stands in for KubeVirt's per-VMI memory overhead (virt-launcher, QEMU).
+var LauncherMemoryOverhead = resource.MustParse("200Mi")
+
+// Labels of launcher pods, as KubeVirt sets them.
+const (
+	LabelApp       = "kubevirt.io"
+	LabelCreatedBy = "kubevirt.io/created-by"
+	launcherApp    = "virt-launcher"
+)
+
+// LauncherPodName is the deterministic name of a VMI's launcher pod (KubeVirt generates one; a
+// fixed name keeps the double idempotent without a second index).
+func LauncherPodName(vmi string) string { return "virt-launcher-" + vmi }
+
+// Reconcile creates the VMI's launcher pod and mirrors the pod into the VMI status.
+func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	vmi := &virtv1.VirtualMachineInstance{}
+	if err := l.Get(ctx, req.NamespacedName, vmi); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // the pod goes with it (owner reference)
+	}
+	if vmi.DeletionTimestamp != nil || vmi.IsFinal() {
+		return ctrl.Result{}, nil
+	}
+	pod := &corev1.Pod{}
+	err := l.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: LauncherPodName(vmi.Name)}, pod)
+	switch {
+	case apierrors.IsNotFound(err):
+		if vmi.Status.NodeName != "" || vmi.Status.Phase == virtv1.Scheduled || vmi.Status.Phase == virtv1.Running {
+			return ctrl.Result{}, l.mirror(ctx, vmi, nil) // it had a pod: PodNotExists
+		}
+		return ctrl.Result{}, l.createPod(ctx, vmi)
+	case err != nil:
+		return ctrl.Result{}, err
+	case pod.Labels[LabelCreatedBy] != string(vmi.UID):
+		// A pod of an earlier VMI of the same name: let it go first.
+		if pod.DeletionTimestamp == nil {
+			return ctrl.Result{}, client.IgnoreNotFound(l.Delete(ctx, pod))
+		}
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, l.mirror(ctx, vmi, pod)
+}
+
+func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInstance) error {
+	pod, err := LauncherPod(vmi, l.Image)
+	if err != nil {
+		return err
+	}
+	if err := controllerutil.SetControllerReference(vmi, pod, l.Scheme()); err != nil {
+		return err
+	}
+	if err := l.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	base := vmi.DeepCopy()
+	vmi.Status.Phase = virtv1.Scheduling
+	return l.patchStatus(ctx, vmi, base)
+}
+
+// LauncherPod builds the launcher-like pod of a VMI: what the scheduler needs to decide as it
+// would for KubeVirt's virt-launcher.
+func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod, error) {
+	requests := corev1.ResourceList{}
+	for k, v := range vmi.Spec.Domain.Resources.Requests {
+		requests[k] = v.DeepCopy()
+	}
+	mem, ok := requests[corev1.ResourceMemory]
+	if !ok {
+		if vmi.Spec.Domain.Memory == nil || vmi.Spec.Domain.Memory.Guest == nil {
+			return nil, fmt.Errorf("VMI %s sets neither memory requests nor guest memory", vmi.Name)
+		}
+		mem = vmi.Spec.Domain.Memory.Guest.DeepCopy()
+	}
+	mem.Add(LauncherMemoryOverhead)
+	requests[corev1.ResourceMemory] = mem
+	limits := corev1.ResourceList{}
+	for k, v := range vmi.Spec.Domain.Resources.Limits {
+		limits[k] = v.DeepCopy()
+	}
+	if l, ok := limits[corev1.ResourceMemory]; ok {
+		l.Add(LauncherMemoryOverhead)
+		limits[corev1.ResourceMemory] = l
+	}
+	labels := map[string]string{}
+	for k, v := range vmi.Labels {
+		labels[k] = v
+	}
+	labels[LabelApp] = launcherApp
+	labels[LabelCreatedBy] = string(vmi.UID)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: vmi.Namespace,
+			Name:      LauncherPodName(vmi.Name),
+			Labels:    labels,
+		},
+		Spec: corev1.PodSpec{
+			Affinity:                  vmi.Spec.Affinity.DeepCopy(),
+			NodeSelector:              vmi.Spec.NodeSelector,
+			Tolerations:               vmi.Spec.Tolerations,
+			TopologySpreadConstraints: vmi.Spec.TopologySpreadConstraints,
+			PriorityClassName:         vmi.Spec.PriorityClassName,
+			SchedulerName:             vmi.Spec.SchedulerName,
+			RestartPolicy:             corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name:      "compute",
+				Image:     image,
+				Resources: corev1.ResourceRequirements{Requests: requests, Limits: limits},
+			}},
+		},
+	}, nil
+}
+
+// mirror writes what the pod (nil: gone) says into the VMI status.
+func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) error {
+	base := vmi.DeepCopy()
+	phase, ready := Mirror(pod)
+	vmi.Status.Phase = phase
+	if pod != nil && pod.Spec.NodeName != "" {
+		vmi.Status.NodeName = pod.Spec.NodeName
+	}
+	vmi.Status.Conditions = setCondition(vmi.Status.Conditions, ready)
+	if pod != nil {
+		vmi.Status.Conditions = setCondition(vmi.Status.Conditions, scheduledCondition(pod))
+	}
+	return l.patchStatus(ctx, vmi, base)
+}
+
+// Mirror maps a launcher pod (nil: gone) to the VMI phase and Ready condition KubeVirt reports.
+func Mirror(pod *corev1.Pod) (virtv1.VirtualMachineInstancePhase, virtv1.VirtualMachineInstanceCondition) {
+	notReady := func(reason, msg string) virtv1.VirtualMachineInstanceCondition {
+		return virtv1.VirtualMachineInstanceCondition{Type: virtv1.VirtualMachineInstanceReady,
+			Status: corev1.ConditionFalse, Reason: reason, Message: msg}
+	}
+	switch {
+	case pod == nil:
+		return virtv1.Failed, notReady(virtv1.PodNotExistsReason, "virt-launcher pod does not exist")
+	case pod.DeletionTimestamp != nil:
+		phase := virtv1.Scheduled
+		if pod.Status.Phase == corev1.PodRunning {
+			phase = virtv1.Running
+		}
+		return phase, notReady(virtv1.PodTerminatingReason, "virt-launcher pod is terminating")
+	case pod.Status.Phase == corev1.PodRunning:
+		return virtv1.Running, virtv1.VirtualMachineInstanceCondition{Type: virtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue}
+	case pod.Status.Phase == corev1.PodSucceeded:
+		return virtv1.Succeeded, notReady(virtv1.PodNotExistsReason, "virt-launcher pod completed")
+	case pod.Status.Phase == corev1.PodFailed:
+		return virtv1.Failed, notReady("PodFailed", "virt-launcher pod failed")
+	case pod.Spec.NodeName != "":
+		return virtv1.Scheduled, notReady("PodNotReady", "virt-launcher pod is starting")
+	default:
+		return virtv1.Scheduling, notReady("GuestNotRunning", "virt-launcher pod is not scheduled yet")
+	}
+}
+
+func scheduledCondition(pod *corev1.Pod) virtv1.VirtualMachineInstanceCondition {
+	c := virtv1.VirtualMachineInstanceCondition{Type: virtv1.VirtualMachineInstanceConditionType(corev1.PodScheduled), Status: corev1.ConditionUnknown}
+	for _, pc := range pod.Status.Conditions {
+		if pc.Type == corev1.PodScheduled {
+			c.Status, c.Reason, c.Message = pc.Status, pc.Reason, pc.Message
+		}
+	}
+	return c
+}
+
+// setCondition replaces or adds c, keeping the transition time when the status is unchanged.
+func setCondition(conds []virtv1.VirtualMachineInstanceCondition, c virtv1.VirtualMachineInstanceCondition) []virtv1.VirtualMachineInstanceCondition {
+	now := metav1.Now()
+	for i := range conds {
+		if conds[i].Type != c.Type {
+			continue
+		}
+		c.LastTransitionTime = conds[i].LastTransitionTime
+		if conds[i].Status != c.Status {
+			c.LastTransitionTime = now
+		}
+		c.LastProbeTime = conds[i].LastProbeTime
+		conds[i] = c
+		return conds
+	}
+	c.LastTransitionTime = now
+	return append(conds, c)
+}
+
+// patchStatus patches the VMI (its CRD has no status subresource, as in KubeVirt) if it changed.
+func (l *Launcher) patchStatus(ctx context.Context, vmi, base *virtv1.VirtualMachineInstance) error {
+	patch := client.MergeFrom(base)
+	data, err := patch.Data(vmi)
+	if err != nil || string(data) == "{}" {
+		return err
+	}
+	return client.IgnoreNotFound(l.Patch(ctx, vmi, patch))
+}
+
+// SetupWithManager watches all VMIs and the launcher pods they own.
+func (l *Launcher) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("kubevirt-launcher-test-double").
+		For(&virtv1.VirtualMachineInstance{}).
+		Owns(&corev1.Pod{}).
+		Complete(l)
+}
