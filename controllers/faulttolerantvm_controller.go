@@ -57,6 +57,10 @@ type FaultTolerantVMReconciler struct {
 	Clock     clock.PassiveClock
 	Placer    *Placer
 	Config    Config
+
+	// announced remembers the condition transitions already announced by an event, so that a
+	// reconcile that reads a status older than its own last patch does not announce them twice.
+	announced announcements
 }
 
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get;list;watch;update;patch
@@ -104,6 +108,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, ftvm); err != nil {
 		if apierrors.IsNotFound(err) {
 			metrics.Forget(req.Namespace, req.Name)
+			r.announced.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}

@@ -3,11 +3,14 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
@@ -172,10 +175,42 @@ func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTol
 		if old == nil && quietReasons[cur.Reason] {
 			continue
 		}
+		if !r.announced.first(client.ObjectKeyFromObject(after), typ, string(cur.Status)+"/"+cur.Reason) {
+			continue
+		}
 		kind := corev1.EventTypeNormal
 		if warningReasons[cur.Reason] {
 			kind = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(after, nil, kind, cur.Reason, typ, "%s", cur.Message)
 	}
+}
+
+// announcements is the last announced state of each condition of each FaultTolerantVM.
+type announcements struct {
+	mu   sync.Mutex
+	last map[types.NamespacedName]map[string]string
+}
+
+// first records that the condition is now in state, and says whether that is news.
+func (a *announcements) first(key types.NamespacedName, condition, state string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.last == nil {
+		a.last = map[types.NamespacedName]map[string]string{}
+	}
+	if a.last[key] == nil {
+		a.last[key] = map[string]string{}
+	}
+	if a.last[key][condition] == state {
+		return false
+	}
+	a.last[key][condition] = state
+	return true
+}
+
+func (a *announcements) forget(key types.NamespacedName) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.last, key)
 }

@@ -75,10 +75,13 @@ primary_node="$(field .status.primary.node)"
 secondary_node="$(field .status.secondary.node)"
 secondary_vmi="$(field .status.secondary.vmi)"
 bold "killing $primary_node, the primary's node (its kubelet stops reporting, as when a host dies)"
-start=$(date +%s.%N)
+start_ms=$(date +%s%3N)
 "$CLUSTER" kill-node "$primary_node"
-stamp() { printf '%6.1fs  %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$*" | tee -a "$timeline"; }
 timeline="$(mktemp)"
+stamp() {
+  local ms=$(($(date +%s%3N) - start_ms))
+  printf '%4d.%ds  %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$*" | tee -a "$timeline"
+}
 stamp "$primary_node killed"
 
 node_not_ready() { [ "$(k get node "$primary_node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" != True ]; }
