@@ -63,8 +63,8 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 test: verify vet lint test-unit test-envtest test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
-test-unit: ## Unit and property tests of the pure packages (placement, health, member, validation).
-	go test -race -count=1 ./internal/... ./api/...
+test-unit: ## Unit and property tests of the pure packages (placement, health, member, validation) and of the KubeVirt test double.
+	go test -race -count=1 ./internal/... ./api/... ./test/kubevirtdouble/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers against a real kube-apiserver and etcd.

@@ -1,12 +1,15 @@
 // Package kubevirtdouble is a TEST DOUBLE of KubeVirt's virt-controller and virt-handler. Real
 // KubeVirt needs real nodes with KVM; the tests have neither, so this stands in for it and for
-// nothing else.
+// nothing else. It has two forms:
 //
-// NodeRunner is the envtest double: envtest has an API server but no scheduler and no kubelets, so
-// there are no pods. It plays KubeVirt's part in the VMI's life from what lockstep decided: a VMI
-// pinned to a Ready node (lockstep's node label) becomes Scheduled and then Running there, with
-// status.nodeName set. A VMI on a node that is not Ready is left as it is, as virt-handler on a
-// dead node would leave it; its loss is for lockstep to notice.
+//   - Launcher (launcher.go), for the local cluster (hack/local-cluster.sh), which has a real
+//     scheduler and kwok-simulated kubelets: a launcher-like pod per VMI, placed by the scheduler
+//     and mirrored into the VMI status. It runs as the kubevirt-double command.
+//   - NodeRunner (this file), for envtest, which has an API server but no scheduler and no
+//     kubelets, so no pods: it plays KubeVirt's part in the VMI's life from what lockstep decided.
+//     A VMI pinned to a Ready node (lockstep's node label) becomes Scheduled and then Running
+//     there, with status.nodeName set. A VMI on a node that is not Ready is left as it is, as
+//     virt-handler on a dead node would leave it; its loss is for lockstep to notice.
 package kubevirtdouble
 
 import (

@@ -1,0 +1,79 @@
+package kubevirtdouble
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+func TestMirrorReportsWhatKubeVirtWould(t *testing.T) {
+	now := metav1.Now()
+	for _, c := range []struct {
+		name   string
+		pod    *corev1.Pod
+		phase  virtv1.VirtualMachineInstancePhase
+		ready  corev1.ConditionStatus
+		reason string
+	}{
+		{"gone", nil, virtv1.Failed, corev1.ConditionFalse, virtv1.PodNotExistsReason},
+		{"unscheduled", &corev1.Pod{}, virtv1.Scheduling, corev1.ConditionFalse, "GuestNotRunning"},
+		{"bound", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n1"}}, virtv1.Scheduled, corev1.ConditionFalse, "PodNotReady"},
+		{"running", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}, virtv1.Running, corev1.ConditionTrue, ""},
+		{"terminating", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			virtv1.Running, corev1.ConditionFalse, virtv1.PodTerminatingReason},
+		{"failed", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}, virtv1.Failed, corev1.ConditionFalse, "PodFailed"},
+	} {
+		phase, ready := Mirror(c.pod)
+		if phase != c.phase || ready.Type != virtv1.VirtualMachineInstanceReady || ready.Status != c.ready || ready.Reason != c.reason {
+			t.Errorf("%s: got %s, %s/%s; want %s, %s/%s", c.name, phase, ready.Status, ready.Reason, c.phase, c.ready, c.reason)
+		}
+	}
+}
+
+func TestLauncherPodCarriesWhatTheSchedulerNeeds(t *testing.T) {
+	guest := resource.MustParse("1Gi")
+	vmi := &virtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db-1", UID: "u1", Labels: map[string]string{"ft.lockstep.dev/pair": "db"}},
+		Spec: virtv1.VirtualMachineInstanceSpec{
+			Domain: virtv1.DomainSpec{
+				Memory: &virtv1.Memory{Guest: &guest},
+				Resources: virtv1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+				},
+			},
+			NodeSelector:      map[string]string{"zone": "a"},
+			Tolerations:       []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists}},
+			PriorityClassName: "lockstep-ft",
+			Affinity:          &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{}},
+		},
+	}
+	pod, err := LauncherPod(vmi, "img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := pod.Spec.Containers[0].Resources.Requests
+	wantMem := resource.MustParse("1Gi")
+	wantMem.Add(LauncherMemoryOverhead)
+	if req.Cpu().String() != "2" || req.Memory().Cmp(wantMem) != 0 {
+		t.Errorf("requests %v, want 2 CPUs and %s", req, wantMem.String())
+	}
+	if lim := pod.Spec.Containers[0].Resources.Limits; lim.Memory().Cmp(wantMem) != 0 {
+		t.Errorf("memory limit %s, want %s", lim.Memory(), wantMem.String())
+	}
+	if pod.Spec.NodeSelector["zone"] != "a" || len(pod.Spec.Tolerations) != 1 || pod.Spec.PriorityClassName != "lockstep-ft" || pod.Spec.Affinity.PodAntiAffinity == nil {
+		t.Errorf("scheduling constraints not carried over: %+v", pod.Spec)
+	}
+	// Pod anti-affinity between members selects the launcher pods by the VMI's labels.
+	if pod.Labels["ft.lockstep.dev/pair"] != "db" || pod.Labels[LabelCreatedBy] != "u1" || pod.Name != "virt-launcher-db-1" {
+		t.Errorf("labels/name: %s %v", pod.Name, pod.Labels)
+	}
+	vmi.Spec.Domain.Memory = nil
+	vmi.Spec.Domain.Resources.Requests = nil
+	if _, err := LauncherPod(vmi, "img"); err == nil {
+		t.Error("a VMI without memory must be refused")
+	}
+}
