@@ -115,6 +115,45 @@ var _ = Describe("lockstep on a local cluster", func() {
 		}).WithTimeout(3 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
 	})
 
+	It("has the scheduler enforce the pair's anti-affinity, not only the operator's placement", func() {
+		ns := newNamespace()
+		newFTVM(ns, "db")
+		f := waitProtected(ns, "db")
+		primary := &virtv1.VirtualMachineInstance{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: f.Status.Primary.VMI}, primary)).To(Succeed())
+
+		By("starting a VMI that carries the pair's label and the primary's scheduling terms, pinned to the secondary's node")
+		// Not managed by lockstep (no managed-by label), so only the scheduler judges it.
+		rogue := &virtv1.VirtualMachineInstance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "rogue", Labels: map[string]string{ftv1.LabelPair: "db"}},
+			Spec:       *primary.Spec.DeepCopy(),
+		}
+		rogue.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{
+				Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{f.Status.Secondary.Node},
+			}}}},
+		}}
+		Expect(k8s.Create(ctx(), rogue)).To(Succeed())
+		DeferCleanup(func() { Expect(k8s.Delete(ctx(), rogue)).To(Succeed()) })
+		Eventually(func(g Gomega) {
+			v := &virtv1.VirtualMachineInstance{}
+			g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "rogue"}, v)).To(Succeed())
+			g.Expect(v.Status.Phase).To(Equal(virtv1.Scheduling))
+			var scheduled *virtv1.VirtualMachineInstanceCondition
+			for i := range v.Status.Conditions {
+				if string(v.Status.Conditions[i].Type) == string(corev1.PodScheduled) {
+					scheduled = &v.Status.Conditions[i]
+				}
+			}
+			g.Expect(scheduled).NotTo(BeNil())
+			g.Expect(scheduled.Status).To(Equal(corev1.ConditionFalse))
+			g.Expect(scheduled.Message).To(ContainSubstring("anti-affinity"))
+			GinkgoWriter.Printf("the scheduler: %s\n", scheduled.Message)
+		}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
+		Consistently(func(g Gomega) { expectPairHealthy(g, ns, "db") }).
+			WithTimeout(2 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
+	})
+
 	It("promotes the secondary when the primary's node dies, and starts a new secondary elsewhere", func() {
 		ns := newNamespace()
 		newFTVM(ns, "db")

@@ -106,7 +106,7 @@ func waitProtected(ns, name string) *ftv1.FaultTolerantVM {
 // members lists the pair's member VMIs.
 func members(ns, name string) []virtv1.VirtualMachineInstance {
 	var vmis virtv1.VirtualMachineInstanceList
-	ExpectWithOffset(1, k8s.List(ctx(), &vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: name})).To(Succeed())
+	ExpectWithOffset(1, k8s.List(ctx(), &vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: name, ftv1.LabelManagedBy: ftv1.ManagedByValue})).To(Succeed())
 	return vmis.Items
 }
 
@@ -118,7 +118,7 @@ func expectPairHealthy(g Gomega, ns, name string, avoid ...string) {
 	g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, f)).To(Succeed())
 	g.Expect(f.Status.State).To(Equal(ftv1.StateProtected))
 	vmis := &virtv1.VirtualMachineInstanceList{}
-	g.Expect(k8s.List(ctx(), vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: name})).To(Succeed())
+	g.Expect(k8s.List(ctx(), vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: name, ftv1.LabelManagedBy: ftv1.ManagedByValue})).To(Succeed())
 	live := []virtv1.VirtualMachineInstance{}
 	for _, v := range vmis.Items {
 		if v.DeletionTimestamp == nil {
