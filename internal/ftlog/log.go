@@ -138,18 +138,32 @@ func NewReplica() *Replica { return &Replica{next: 1} }
 // Next is the first entry the replica has not applied: what it asks for when it reconnects.
 func (r *Replica) Next() uint64 { return r.next }
 
-// Accept says whether to apply e: false for an entry already applied (a resend after a
-// reconnection), and an ErrProtocol for a gap.
+// Accept says whether to apply e, and records it applied: false for an entry already applied (a
+// resend after a reconnection), and an ErrProtocol for a gap.
 func (r *Replica) Accept(e Entry) (bool, error) {
+	ok, err := r.Check(e)
+	if ok {
+		r.Applied(e)
+	}
+	return ok, err
+}
+
+// Check says whether e is the next entry to apply (true), one already applied (false), or beyond
+// a gap (an ErrProtocol). Call Applied once it is applied.
+func (r *Replica) Check(e Entry) (bool, error) {
 	switch {
 	case e.Seq < r.next:
 		return false, nil
 	case e.Seq > r.next:
 		return false, fmt.Errorf("%w: entry %d arrived, %d expected", ErrProtocol, e.Seq, r.next)
 	}
-	r.next++
-	r.lastSent = e.SentUnixNano
 	return true, nil
+}
+
+// Applied records that the entry Check accepted was applied.
+func (r *Replica) Applied(e Entry) {
+	r.next = e.Seq + 1
+	r.lastSent = e.SentUnixNano
 }
 
 // Ack acknowledges everything applied so far.

@@ -1,0 +1,125 @@
+// Package channel carries the FT log (internal/ftlog) between a primary and its secondary: one
+// mutually authenticated TLS 1.3 connection per pair over the logging network, batched entries,
+// cumulative acknowledgements, heartbeats both ways, reconnection that resumes from the last
+// acknowledged entry, and the silence detector the secondary's go-live decision starts from. It
+// knows nothing of Kubernetes; lockstepd wires it to the VM engine, the output gate and the Lease.
+//
+// The secondary listens; the primary dials. Each connection starts with a Hello each way: the
+// primary's names the pair and its epoch, the secondary's says which entry it needs next.
+package channel
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// Config is what both sides share.
+type Config struct {
+	// Pair names the FaultTolerantVM ("namespace/name"); both sides must agree.
+	Pair string
+	// TLS is the side's TLS configuration, with its certificate and the CA it trusts; Server and
+	// Client force TLS 1.3 and, on the server, a verified client certificate.
+	TLS *tls.Config
+	// Heartbeat is how often a side that has nothing else to send proves it is alive.
+	Heartbeat time.Duration
+	// Timeout is how long a side may stay silent before its peer drops the connection (and the
+	// secondary counts the primary as silent).
+	Timeout time.Duration
+	// Window bounds the unacknowledged entries (flow control).
+	Window ftlog.Window
+	// MaxBatchEntries and MaxBatchBytes bound one Entries frame.
+	MaxBatchEntries, MaxBatchBytes int
+}
+
+// Defaults for a zero Config field.
+const (
+	DefaultHeartbeat       = 50 * time.Millisecond
+	DefaultTimeout         = 300 * time.Millisecond
+	DefaultMaxBatchEntries = 1024
+	DefaultMaxBatchBytes   = 1 << 20
+)
+
+func (c Config) withDefaults() Config {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxBatchEntries <= 0 {
+		c.MaxBatchEntries = DefaultMaxBatchEntries
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	return c
+}
+
+// ErrHandshake is wrapped by errors of a peer that is not the expected one.
+var ErrHandshake = errors.New("channel handshake failed")
+
+// serverTLS and clientTLS force what the FT channel requires of TLS.
+func serverTLS(c *tls.Config) *tls.Config {
+	c = c.Clone()
+	c.MinVersion = tls.VersionTLS13
+	c.ClientAuth = tls.RequireAndVerifyClientCert
+	return c
+}
+
+func clientTLS(c *tls.Config) *tls.Config {
+	c = c.Clone()
+	c.MinVersion = tls.VersionTLS13
+	return c
+}
+
+// conn is one established connection with its buffered reader and writer.
+type conn struct {
+	net.Conn
+	r *bufio.Reader
+	w *bufio.Writer
+}
+
+func newConn(c net.Conn) *conn {
+	return &conn{Conn: c, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10)}
+}
+
+func (c *conn) write(frames ...ftlog.Frame) error {
+	var buf []byte
+	for _, f := range frames {
+		var err error
+		if buf, err = ftlog.AppendFrame(buf[:0], f); err != nil {
+			return err
+		}
+		if _, err := c.w.Write(buf); err != nil {
+			return err
+		}
+	}
+	return c.w.Flush()
+}
+
+// read reads a frame, failing when nothing arrives within timeout.
+func (c *conn) read(timeout time.Duration) (ftlog.Frame, error) {
+	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return ftlog.Frame{}, err
+	}
+	return ftlog.ReadFrame(c.r)
+}
+
+func expectHello(f ftlog.Frame, role ftlog.Role, pair string) (*ftlog.Hello, error) {
+	if f.Type != ftlog.FrameHello {
+		return nil, fmt.Errorf("%w: first frame is %s, not Hello", ErrHandshake, f.Type)
+	}
+	if f.Hello.Role != role {
+		return nil, fmt.Errorf("%w: peer has role %d, want %d", ErrHandshake, f.Hello.Role, role)
+	}
+	if f.Hello.Pair != pair {
+		return nil, fmt.Errorf("%w: peer serves pair %q, not %q", ErrHandshake, f.Hello.Pair, pair)
+	}
+	return f.Hello, nil
+}

@@ -1,0 +1,313 @@
+package channel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// Primary streams the log to the secondary, reconnecting and resuming until its context ends.
+type Primary struct {
+	cfg   Config
+	addr  string
+	epoch uint64
+	// Dial opens the TCP connection (a test or a fault proxy may replace it).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// OnAck, when set, is called with every new cumulative acknowledgement, in order, from the
+	// connection's reader; it must not block (the output gate's Ack is meant to be called here).
+	OnAck func(seq uint64)
+	// Pacer, when set, slows Append while the secondary trails (paper 1.3).
+	Pacer *ftlog.Pacer
+
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced on every change of the log
+	log       *ftlog.Log
+	interval  ftlog.Interval
+	connected bool
+	lastHeard time.Time
+	stats     PrimaryStats
+	fatal     error
+}
+
+// PrimaryStats are the primary's counters.
+type PrimaryStats struct {
+	Last, Acked      uint64
+	Interval         time.Duration
+	PaceDelay        time.Duration
+	BytesLogged      uint64
+	Connections      uint64
+	Connected        bool
+	LastHeard        time.Time
+	LastAckUnixNanos int64
+}
+
+// NewPrimary makes the primary's side for the secondary at addr; epoch is the pair's Lease epoch
+// this primary holds.
+func NewPrimary(cfg Config, addr string, epoch uint64) *Primary {
+	cfg = cfg.withDefaults()
+	return &Primary{
+		cfg: cfg, addr: addr, epoch: epoch,
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		},
+		changed: make(chan struct{}),
+		log:     ftlog.NewLog(cfg.Window),
+	}
+}
+
+// notify wakes everyone waiting on a change; the caller holds mu.
+func (p *Primary) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Append logs an entry (the data is copied) and returns its sequence number: the position that
+// every output produced from now on follows. It waits while the window is full.
+func (p *Primary) Append(ctx context.Context, data []byte) (uint64, error) {
+	data = append([]byte(nil), data...)
+	for {
+		p.mu.Lock()
+		if p.fatal != nil {
+			err := p.fatal
+			p.mu.Unlock()
+			return 0, err
+		}
+		delay := time.Duration(0)
+		if p.Pacer != nil {
+			delay = p.Pacer.Delay()
+		}
+		seq, err := p.log.Append(data, time.Now())
+		if err == nil {
+			p.stats.BytesLogged += uint64(len(data))
+			p.notify()
+			p.mu.Unlock()
+			if delay > 0 {
+				if err := sleep(ctx, delay); err != nil {
+					return seq, err
+				}
+			}
+			return seq, nil
+		}
+		wait := p.changed
+		p.mu.Unlock()
+		if !errors.Is(err, ftlog.ErrWindowFull) {
+			return 0, err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Last is the last logged entry.
+func (p *Primary) Last() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.Last()
+}
+
+// WaitAcked waits until the secondary has acknowledged entry seq.
+func (p *Primary) WaitAcked(ctx context.Context, seq uint64) error {
+	for {
+		p.mu.Lock()
+		acked, wait, fatal := p.log.Acked(), p.changed, p.fatal
+		p.mu.Unlock()
+		if acked >= seq {
+			return nil
+		}
+		if fatal != nil {
+			return fatal
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Stats returns the counters.
+func (p *Primary) Stats() PrimaryStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.Last, s.Acked, s.Interval = p.log.Last(), p.log.Acked(), p.interval.Value()
+	s.Connected, s.LastHeard = p.connected, p.lastHeard
+	if p.Pacer != nil {
+		s.PaceDelay = p.Pacer.Delay()
+	}
+	return s
+}
+
+// Run connects, streams and reconnects until ctx ends or the log cannot be resumed (the
+// secondary lost entries it had acknowledged: only a new secondary helps then).
+func (p *Primary) Run(ctx context.Context) error {
+	backoff := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		err := p.session(ctx)
+		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) {
+			p.mu.Lock()
+			p.fatal = err
+			p.notify()
+			p.mu.Unlock()
+			return err
+		}
+		if err := sleep(ctx, backoff); err != nil {
+			break
+		}
+		backoff = min(2*backoff, p.cfg.Heartbeat)
+	}
+	return ctx.Err()
+}
+
+// session runs one connection to its end.
+func (p *Primary) session(ctx context.Context) error {
+	dialCtx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	raw, err := p.Dial(dialCtx, p.addr)
+	cancel()
+	if err != nil {
+		return err
+	}
+	tc := tls.Client(raw, clientTLS(p.cfg.TLS))
+	c := newConn(tc)
+	defer func() { _ = c.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	if err := tc.SetDeadline(time.Now().Add(p.cfg.Timeout)); err != nil {
+		return err
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	if err := tc.SetDeadline(time.Time{}); err != nil {
+		return err
+	}
+
+	p.mu.Lock()
+	hello := ftlog.Hello{Role: ftlog.RolePrimary, Epoch: p.epoch, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
+	p.mu.Unlock()
+	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
+		return err
+	}
+	f, err := c.read(p.cfg.Timeout)
+	if err != nil {
+		return err
+	}
+	peer, err := expectHello(f, ftlog.RoleSecondary, p.cfg.Pair)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	err = p.log.Resume(peer.Next)
+	if err == nil {
+		p.connected = true
+		p.lastHeard = time.Now()
+		p.stats.Connections++
+		p.notify()
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		p.mu.Lock()
+		p.connected = false
+		p.notify()
+		p.mu.Unlock()
+	}()
+
+	errs := make(chan error, 2)
+	go func() { errs <- p.readLoop(c) }()
+	go func() { errs <- p.writeLoop(ctx, c) }()
+	err = <-errs
+	_ = c.Close() // ends the other loop
+	<-errs
+	return err
+}
+
+// writeLoop sends new entries as they are logged, and a heartbeat when there is nothing to send.
+func (p *Primary) writeLoop(ctx context.Context, c *conn) error {
+	hb := time.NewTimer(p.cfg.Heartbeat)
+	defer hb.Stop()
+	for {
+		p.mu.Lock()
+		batch := p.log.Next(p.cfg.MaxBatchEntries, p.cfg.MaxBatchBytes)
+		last, wait := p.log.Last(), p.changed
+		p.mu.Unlock()
+		if len(batch) > 0 {
+			if err := c.write(ftlog.Frame{Type: ftlog.FrameEntries, Entries: batch}); err != nil {
+				return err
+			}
+			hb.Reset(p.cfg.Heartbeat)
+			continue
+		}
+		select {
+		case <-wait:
+		case <-hb.C:
+			if err := c.write(ftlog.Frame{Type: ftlog.FrameHeartbeat, Heartbeat: &ftlog.Heartbeat{SentUnixNano: time.Now().UnixNano(), Last: last}}); err != nil {
+				return err
+			}
+			hb.Reset(p.cfg.Heartbeat)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// readLoop takes acknowledgements and heartbeats; silence beyond the timeout ends the connection.
+func (p *Primary) readLoop(c *conn) error {
+	for {
+		f, err := c.read(p.cfg.Timeout)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		p.mu.Lock()
+		p.lastHeard = now
+		var newAck uint64
+		if f.Type == ftlog.FrameAck {
+			before := p.log.Acked()
+			lag, err := p.log.Ack(*f.Ack, now)
+			if err != nil {
+				p.mu.Unlock()
+				return err
+			}
+			if p.log.Acked() > before {
+				newAck = p.log.Acked()
+				p.interval.Observe(lag)
+				p.stats.LastAckUnixNanos = now.UnixNano()
+				if p.Pacer != nil {
+					p.Pacer.Update(p.interval.Value(), now)
+				}
+				p.notify()
+			}
+		} else if f.Type != ftlog.FrameHeartbeat {
+			p.mu.Unlock()
+			return fmt.Errorf("%w: unexpected %s from the secondary", ftlog.ErrProtocol, f.Type)
+		}
+		p.mu.Unlock()
+		if newAck > 0 && p.OnAck != nil {
+			p.OnAck(newAck)
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,261 @@
+package channel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// Secondary receives the log, applies each entry exactly once and in order, acknowledges, and
+// watches the primary's silence.
+type Secondary struct {
+	cfg Config
+	// Apply applies an entry to the replica VM; the entry is acknowledged once Apply returns nil.
+	// An error ends the connection (the entry is asked for again on the next one).
+	Apply func(ftlog.Entry) error
+
+	// applyMu serializes applying entries across connections: a connection being replaced may
+	// still be applying one when its successor asks where to resume.
+	applyMu sync.Mutex
+
+	mu        sync.Mutex
+	rep       *ftlog.Replica
+	epoch     uint64 // highest primary epoch seen: an older primary is refused
+	lastHeard time.Time
+	current   net.Conn
+	stats     SecondaryStats
+}
+
+// SecondaryStats are the secondary's counters.
+type SecondaryStats struct {
+	Applied     uint64
+	Connections uint64
+	Refused     uint64
+	Connected   bool
+	LastHeard   time.Time
+}
+
+// NewSecondary makes the secondary's side.
+func NewSecondary(cfg Config, apply func(ftlog.Entry) error) *Secondary {
+	return &Secondary{cfg: cfg.withDefaults(), Apply: apply, rep: ftlog.NewReplica(), lastHeard: time.Now()}
+}
+
+// Silence is how long the primary has said nothing, across connections: the secondary's failure
+// detector compares it with its timeout before it asks the Lease to go live.
+func (s *Secondary) Silence(now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return now.Sub(s.lastHeard)
+}
+
+// Stats returns the counters.
+func (s *Secondary) Stats() SecondaryStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Applied, st.Connected, st.LastHeard = s.rep.Next()-1, s.current != nil, s.lastHeard
+	return st
+}
+
+// WatchSilence calls lost once the primary has been silent for longer than timeout, checking
+// every heartbeat; it returns when lost was called or ctx ended.
+func (s *Secondary) WatchSilence(ctx context.Context, timeout time.Duration, lost func(silence time.Duration)) {
+	t := time.NewTicker(s.cfg.Heartbeat / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if d := s.Silence(now); d > timeout {
+				lost(d)
+				return
+			}
+		}
+	}
+}
+
+// Serve accepts the primary's connections on ln until ctx ends. A new connection replaces the
+// current one: a primary that reconnects must not wait for the old connection to time out.
+func (s *Secondary) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		raw, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.session(ctx, raw)
+		}()
+	}
+}
+
+func (s *Secondary) session(ctx context.Context, raw net.Conn) error {
+	tc := tls.Server(raw, serverTLS(s.cfg.TLS))
+	c := newConn(tc)
+	defer func() { _ = c.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	if err := tc.SetDeadline(time.Now().Add(s.cfg.Timeout)); err != nil {
+		return err
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	if err := tc.SetDeadline(time.Time{}); err != nil {
+		return err
+	}
+	f, err := c.read(s.cfg.Timeout)
+	if err != nil {
+		return err
+	}
+	peer, err := expectHello(f, ftlog.RolePrimary, s.cfg.Pair)
+	if err != nil {
+		return s.refuse(err)
+	}
+
+	hello, err := s.admit(c, peer)
+	if err != nil {
+		return s.refuse(err)
+	}
+	defer func() {
+		s.mu.Lock()
+		if s.current == c {
+			s.current = nil
+		}
+		s.mu.Unlock()
+	}()
+	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
+		return err
+	}
+
+	errs := make(chan error, 2)
+	acks := make(chan struct{}, 1)
+	go func() { errs <- s.readLoop(c, acks) }()
+	go func() { errs <- s.writeLoop(ctx, c, acks) }()
+	err = <-errs
+	_ = c.Close()
+	<-errs
+	return err
+}
+
+// admit makes c the current connection of a primary that may speak, and returns the Hello that
+// tells it where to resume. An entry that the connection it replaces is still applying is either
+// counted in the resume point or arrives again and is skipped: applying is serialized by applyMu.
+func (s *Secondary) admit(c *conn, peer *ftlog.Hello) (ftlog.Hello, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if peer.Epoch < s.epoch {
+		return ftlog.Hello{}, fmt.Errorf("%w: primary of epoch %d, but epoch %d was seen: a fenced primary", ErrHandshake, peer.Epoch, s.epoch)
+	}
+	s.epoch = peer.Epoch
+	if s.current != nil {
+		_ = s.current.Close() // the primary reconnected: the old connection is dead to it
+	}
+	s.current = c
+	s.stats.Connections++
+	s.lastHeard = time.Now()
+	return ftlog.Hello{Role: ftlog.RoleSecondary, Epoch: s.epoch, Next: s.rep.Next(), Pair: s.cfg.Pair}, nil
+}
+
+func (s *Secondary) refuse(err error) error {
+	s.mu.Lock()
+	s.stats.Refused++
+	s.mu.Unlock()
+	return err
+}
+
+// readLoop applies entries; after each frame it signals the writer to acknowledge.
+func (s *Secondary) readLoop(c *conn, acks chan<- struct{}) error {
+	for {
+		f, err := c.read(s.cfg.Timeout)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.lastHeard = time.Now()
+		s.mu.Unlock()
+		switch f.Type {
+		case ftlog.FrameHeartbeat:
+			continue
+		case ftlog.FrameEntries:
+		default:
+			return fmt.Errorf("%w: unexpected %s from the primary", ftlog.ErrProtocol, f.Type)
+		}
+		if err := s.applyAll(f.Entries); err != nil {
+			return err
+		}
+		select {
+		case acks <- struct{}{}:
+		default: // an acknowledgement is already due; it will be cumulative
+		}
+	}
+}
+
+// applyAll applies the entries not applied yet, each exactly once.
+func (s *Secondary) applyAll(entries []ftlog.Entry) error {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	for _, e := range entries {
+		s.mu.Lock()
+		ok, err := s.rep.Check(e)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if err := s.Apply(e); err != nil {
+			return fmt.Errorf("applying entry %d: %w", e.Seq, err)
+		}
+		s.mu.Lock()
+		s.rep.Applied(e)
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// writeLoop sends acknowledgements as entries are applied, and heartbeats.
+func (s *Secondary) writeLoop(ctx context.Context, c *conn, acks <-chan struct{}) error {
+	hb := time.NewTicker(s.cfg.Heartbeat)
+	defer hb.Stop()
+	for {
+		select {
+		case <-acks:
+			s.mu.Lock()
+			a := s.rep.Ack()
+			s.mu.Unlock()
+			if err := c.write(ftlog.Frame{Type: ftlog.FrameAck, Ack: &a}); err != nil {
+				return err
+			}
+		case <-hb.C:
+			s.mu.Lock()
+			last := s.rep.Next() - 1
+			s.mu.Unlock()
+			if err := c.write(ftlog.Frame{Type: ftlog.FrameHeartbeat, Heartbeat: &ftlog.Heartbeat{SentUnixNano: time.Now().UnixNano(), Last: last}}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
