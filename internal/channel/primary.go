@@ -30,6 +30,7 @@ type Primary struct {
 	log       *ftlog.Log
 	interval  ftlog.Interval
 	connected bool
+	delivered uint64 // the last acknowledgement OnAck has returned from
 	lastHeard time.Time
 	stats     PrimaryStats
 	fatal     error
@@ -115,11 +116,11 @@ func (p *Primary) Last() uint64 {
 	return p.log.Last()
 }
 
-// WaitAcked waits until the secondary has acknowledged entry seq.
+// WaitAcked waits until the secondary has acknowledged entry seq and OnAck has been told.
 func (p *Primary) WaitAcked(ctx context.Context, seq uint64) error {
 	for {
 		p.mu.Lock()
-		acked, wait, fatal := p.log.Acked(), p.changed, p.fatal
+		acked, wait, fatal := p.delivered, p.changed, p.fatal
 		p.mu.Unlock()
 		if acked >= seq {
 			return nil
@@ -295,9 +296,16 @@ func (p *Primary) readLoop(c *conn) error {
 			return fmt.Errorf("%w: unexpected %s from the secondary", ftlog.ErrProtocol, f.Type)
 		}
 		p.mu.Unlock()
-		if newAck > 0 && p.OnAck != nil {
+		if newAck == 0 {
+			continue
+		}
+		if p.OnAck != nil {
 			p.OnAck(newAck)
 		}
+		p.mu.Lock()
+		p.delivered = newAck
+		p.notify()
+		p.mu.Unlock()
 	}
 }
 
