@@ -63,11 +63,12 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 test: verify vet lint test-unit test-envtest test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
-test-unit: ## Unit and property tests of the pure packages (placement, health, member, validation) and of the KubeVirt test double.
-	go test -race -count=1 ./internal/... ./api/... ./test/kubevirtdouble/...
+test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel; the KubeVirt test double.
+	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/...
 
 .PHONY: test-envtest
-test-envtest: envtest-assets test-crds installer ## The controllers against a real kube-apiserver and etcd.
+test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
+	go test -race -count=1 ./internal/arbiter/...
 	go test -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
 
 .PHONY: test-e2e

@@ -1,0 +1,130 @@
+// Package arbiter decides which side of a pair may be live, with a compare-and-set on the pair's
+// coordination.k8s.io Lease: the white paper's atomic test-and-set on shared storage (1.4). When
+// the secondary stops hearing the primary it claims the Lease to go live; a primary that stops
+// hearing its secondary claims the same Lease to go on alone. Both claim the epoch they last
+// knew, so exactly one wins; the other has lost and must never release output again (it fences
+// itself: drops what its gate holds and stops its VM). A side that cannot reach the API server
+// cannot win either, and fences itself too: with no arbiter, nobody goes live alone.
+//
+// The epoch is the Lease's leaseTransitions. It also fences the channel: a secondary refuses a
+// primary of an older epoch.
+package arbiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// ErrLost means another side holds a newer epoch: this side must fence itself.
+var ErrLost = errors.New("lost the pair's Lease to the other side")
+
+// Arbiter claims one pair's Lease for one side.
+type Arbiter struct {
+	Client client.Client
+	// Lease is the pair's Lease.
+	Lease types.NamespacedName
+	// Identity names this side ("<node>/<vmi>").
+	Identity string
+	// Timeout bounds one claim; past it the API server counts as unreachable.
+	Timeout time.Duration
+}
+
+// Holder is who holds the Lease, at which epoch.
+type Holder struct {
+	Identity string
+	Epoch    uint64
+}
+
+// Ensure creates the Lease with identity as holder at epoch 1 if it does not exist, and returns the
+// current holder.
+func (a *Arbiter) Ensure(ctx context.Context) (Holder, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	now := metav1.NewMicroTime(time.Now())
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: a.Lease.Namespace, Name: a.Lease.Name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &a.Identity, LeaseTransitions: new(int32(1)),
+			AcquireTime: &now, RenewTime: &now},
+	}
+	err := a.Client.Create(ctx, lease)
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return Holder{}, err
+	}
+	return a.Current(ctx)
+}
+
+// Current reads the holder.
+func (a *Arbiter) Current(ctx context.Context) (Holder, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	lease := &coordinationv1.Lease{}
+	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
+		return Holder{}, err
+	}
+	return holderOf(lease), nil
+}
+
+func holderOf(l *coordinationv1.Lease) Holder {
+	h := Holder{}
+	if l.Spec.HolderIdentity != nil {
+		h.Identity = *l.Spec.HolderIdentity
+	}
+	if l.Spec.LeaseTransitions != nil {
+		h.Epoch = uint64(*l.Spec.LeaseTransitions)
+	}
+	return h
+}
+
+// Claim makes this side the live one, if the Lease is still at epoch known: it returns the new
+// epoch. ErrLost means the other side moved the Lease first (or this side's view is stale); any
+// other error means the API server could not decide it, which the caller must treat as lost.
+func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	lease := &coordinationv1.Lease{}
+	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
+		return 0, err
+	}
+	h := holderOf(lease)
+	switch {
+	case h.Epoch > known && h.Identity == a.Identity:
+		return h.Epoch, nil // an earlier claim of ours went through
+	case h.Epoch != known:
+		return 0, fmt.Errorf("%w: epoch %d held by %s, this side knew %d", ErrLost, h.Epoch, h.Identity, known)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	next := int32(known + 1)
+	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &a.Identity, &next
+	lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
+	// Update carries the resourceVersion read above: the API server's compare-and-set.
+	err := a.Client.Update(ctx, lease)
+	if apierrors.IsConflict(err) {
+		cur, gerr := a.Current(ctx)
+		if gerr != nil {
+			return 0, gerr
+		}
+		if cur.Identity == a.Identity && cur.Epoch == uint64(next) {
+			return cur.Epoch, nil
+		}
+		return 0, fmt.Errorf("%w: epoch %d taken by %s first", ErrLost, cur.Epoch, cur.Identity)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return uint64(next), nil
+}
+
+func (a *Arbiter) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if a.Timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, a.Timeout)
+}

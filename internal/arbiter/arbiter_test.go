@@ -1,0 +1,126 @@
+package arbiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// The Lease lives in a real kube-apiserver (envtest): its compare-and-set is the API server's.
+var cfg *rest.Config
+
+func TestMain(m *testing.M) {
+	env := &envtest.Environment{BinaryAssetsDirectory: filepath.Join("..", "..", "bin", "k8s")}
+	if os.Getenv("KUBEBUILDER_ASSETS") != "" {
+		env.BinaryAssetsDirectory = ""
+	}
+	var err error
+	if cfg, err = env.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest (make envtest-assets builds kube-apiserver and etcd):", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func newArbiter(t *testing.T, lease, identity string) *Arbiter {
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Arbiter{Client: c, Lease: types.NamespacedName{Namespace: "default", Name: lease}, Identity: identity, Timeout: 5 * time.Second}
+}
+
+// TestExactlyOneSideWinsEachRace has both sides of a pair claim the Lease at once, round after
+// round, as when each stops hearing the other: exactly one wins each round, with the next epoch.
+func TestExactlyOneSideWinsEachRace(t *testing.T) {
+	ctx := context.Background()
+	p, s := newArbiter(t, "race", "node-1/db-1"), newArbiter(t, "race", "node-2/db-2")
+	h, err := p.Ensure(ctx)
+	if err != nil || h.Epoch != 1 || h.Identity != "node-1/db-1" {
+		t.Fatalf("ensure: %+v %v", h, err)
+	}
+	if h2, err := s.Ensure(ctx); err != nil || h2 != h {
+		t.Fatalf("a second Ensure must not change the holder: %+v %v", h2, err)
+	}
+	epoch := h.Epoch
+	wins := map[string]int{}
+	for round := range 40 {
+		var wg sync.WaitGroup
+		results := make([]error, 2)
+		epochs := make([]uint64, 2)
+		for i, a := range []*Arbiter{p, s} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				epochs[i], results[i] = a.Claim(ctx, epoch)
+			}()
+		}
+		wg.Wait()
+		won := 0
+		for i, a := range []*Arbiter{p, s} {
+			switch {
+			case results[i] == nil:
+				won++
+				wins[a.Identity]++
+				if epochs[i] != epoch+1 {
+					t.Fatalf("round %d: %s won epoch %d, want %d", round, a.Identity, epochs[i], epoch+1)
+				}
+			case !errors.Is(results[i], ErrLost):
+				t.Fatalf("round %d: %s: %v", round, a.Identity, results[i])
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d sides won (%v)", round, won, results)
+		}
+		epoch++
+		if cur, err := p.Current(ctx); err != nil || cur.Epoch != epoch {
+			t.Fatalf("round %d: lease at %+v, %v", round, cur, err)
+		}
+	}
+	t.Logf("wins over 40 races: %v", wins)
+}
+
+func TestAStaleSideLoses(t *testing.T) {
+	ctx := context.Background()
+	p, s := newArbiter(t, "stale", "node-1/db-1"), newArbiter(t, "stale", "node-2/db-2")
+	if _, err := p.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Claim(ctx, 1); err != nil || e != 2 {
+		t.Fatalf("secondary's claim: %d %v", e, err)
+	}
+	// The old primary comes back believing epoch 1: it has lost, and must fence itself.
+	if _, err := p.Claim(ctx, 1); !errors.Is(err, ErrLost) {
+		t.Fatalf("stale claim: %v", err)
+	}
+	// A retry of a claim that went through is a win, not a loss.
+	if e, err := s.Claim(ctx, 1); err != nil || e != 2 {
+		t.Fatalf("retried claim: %d %v", e, err)
+	}
+}
+
+func TestNoArbiterNoWinner(t *testing.T) {
+	dead := rest.CopyConfig(cfg)
+	dead.Host = "https://127.0.0.1:1" // nothing listens there
+	c, err := client.New(dead, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Arbiter{Client: c, Lease: types.NamespacedName{Namespace: "default", Name: "x"}, Identity: "me", Timeout: time.Second}
+	if _, err := a.Claim(context.Background(), 1); err == nil || errors.Is(err, ErrLost) {
+		t.Fatalf("with the API server unreachable a claim must fail, not win or lose: %v", err)
+	}
+}
