@@ -10,6 +10,7 @@ package channel
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -87,6 +88,26 @@ type conn struct {
 
 func newConn(c net.Conn) *conn {
 	return &conn{Conn: c, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10)}
+}
+
+// handshake runs the TLS handshake within timeout and returns the connection, closed when ctx
+// ends, and the function that closes it.
+func handshake(ctx context.Context, tc *tls.Conn, timeout time.Duration) (*conn, func(), error) {
+	c := newConn(tc)
+	stopWatch := context.AfterFunc(ctx, func() { _ = c.Close() })
+	stop := func() { stopWatch(); _ = c.Close() }
+	err := tc.SetDeadline(time.Now().Add(timeout))
+	if err == nil {
+		err = tc.HandshakeContext(ctx)
+	}
+	if err == nil {
+		err = tc.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return c, stop, nil
 }
 
 func (c *conn) write(frames ...ftlog.Frame) error {

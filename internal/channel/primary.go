@@ -178,20 +178,11 @@ func (p *Primary) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tc := tls.Client(raw, clientTLS(p.cfg.TLS))
-	c := newConn(tc)
-	defer func() { _ = c.Close() }()
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	c, stop, err := handshake(ctx, tls.Client(raw, clientTLS(p.cfg.TLS)), p.cfg.Timeout)
+	if err != nil {
+		return err
+	}
 	defer stop()
-	if err := tc.SetDeadline(time.Now().Add(p.cfg.Timeout)); err != nil {
-		return err
-	}
-	if err := tc.HandshakeContext(ctx); err != nil {
-		return err
-	}
-	if err := tc.SetDeadline(time.Time{}); err != nil {
-		return err
-	}
 
 	p.mu.Lock()
 	hello := ftlog.Hello{Role: ftlog.RolePrimary, Epoch: p.epoch, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}

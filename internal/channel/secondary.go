@@ -109,20 +109,11 @@ func (s *Secondary) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Secondary) session(ctx context.Context, raw net.Conn) error {
-	tc := tls.Server(raw, serverTLS(s.cfg.TLS))
-	c := newConn(tc)
-	defer func() { _ = c.Close() }()
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	c, stop, err := handshake(ctx, tls.Server(raw, serverTLS(s.cfg.TLS)), s.cfg.Timeout)
+	if err != nil {
+		return err
+	}
 	defer stop()
-	if err := tc.SetDeadline(time.Now().Add(s.cfg.Timeout)); err != nil {
-		return err
-	}
-	if err := tc.HandshakeContext(ctx); err != nil {
-		return err
-	}
-	if err := tc.SetDeadline(time.Time{}); err != nil {
-		return err
-	}
 	f, err := c.read(s.cfg.Timeout)
 	if err != nil {
 		return err
