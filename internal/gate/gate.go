@@ -65,10 +65,13 @@ func (g *Gate[T]) Held() int { return len(g.held) }
 // Acked is the acknowledged log position.
 func (g *Gate[T]) Acked() uint64 { return g.acked }
 
-// Drop discards every held output: the primary lost the right to speak (it was fenced), so what
-// it held must never leave. It returns how many were dropped.
-func (g *Gate[T]) Drop() int {
-	n := len(g.held)
+// Drop takes out every held output and returns them, never to be released: the primary lost the
+// right to speak (it was fenced), so what it held must never leave.
+func (g *Gate[T]) Drop() []T {
+	out := make([]T, len(g.held))
+	for i, h := range g.held {
+		out[i] = h.out
+	}
 	g.held = nil
-	return n
+	return out
 }
