@@ -1,0 +1,119 @@
+// Package failover is the go-live decision of one side of a pair (white paper 1.4), as a pure
+// state machine: what lockstepd does when it stops hearing its peer, and what it may do with the
+// outputs it holds. lockstepd feeds it events (the channel's silence detector, the arbiter's
+// answers) and carries out the actions it returns (claim the Lease, go live, fence).
+//
+// The rule it keeps: a side releases outputs without the peer's acknowledgement only after it
+// won the pair's Lease at a newer epoch; a side that lost the Lease, or could not reach it, never
+// releases output again and stops its VM. The Lease's compare-and-set lets one side win an epoch,
+// so at most one side is ever live alone.
+package failover
+
+import "fmt"
+
+// State is a side's state.
+type State int
+
+const (
+	// Protected: a primary streaming to a live secondary; outputs leave on acknowledgement.
+	Protected State = iota
+	// Replicating: a secondary applying the log; it releases nothing.
+	Replicating
+	// Claiming: the peer went silent and the side asked for the Lease; nothing is released.
+	Claiming
+	// Alone: the side won the Lease; it runs as a primary without a secondary and releases its
+	// outputs (there is no one to wait for) until a new secondary joins.
+	Alone
+	// Fenced: the side lost, or could not reach the arbiter. It never releases output again and
+	// its VM is stopped. Final.
+	Fenced
+)
+
+func (s State) String() string {
+	return [...]string{"Protected", "Replicating", "Claiming", "Alone", "Fenced"}[s]
+}
+
+// Event is something lockstepd observed.
+type Event int
+
+const (
+	// PeerSilent: the peer said nothing for the detection timeout.
+	PeerSilent Event = iota
+	// ClaimWon: the arbiter gave this side the next epoch.
+	ClaimWon
+	// ClaimLost: the other side holds a newer epoch.
+	ClaimLost
+	// ClaimFailed: the arbiter could not be reached in time.
+	ClaimFailed
+	// SecondaryJoined: a new secondary caught up with this Alone primary; protection resumes.
+	SecondaryJoined
+)
+
+func (e Event) String() string {
+	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined"}[e]
+}
+
+// Action is what lockstepd must do.
+type Action int
+
+const (
+	// Claim: ask the arbiter for the next epoch.
+	Claim Action = iota
+	// GoLive: a secondary takes over: the engine fails over and the VM's network is attached.
+	GoLive
+	// ReleaseHeld: outputs held for a peer that is gone may leave (after a won claim).
+	ReleaseHeld
+	// Fence: drop every held output, refuse any new one, stop the VM.
+	Fence
+	// StartSecondary: ask for a new secondary (the operator does it; lockstepd reports Alone).
+	StartSecondary
+)
+
+func (a Action) String() string {
+	return [...]string{"Claim", "GoLive", "ReleaseHeld", "Fence", "StartSecondary"}[a]
+}
+
+// Side is one side's decision state.
+type Side struct {
+	State State
+	// WasPrimary says which side this was before it started claiming.
+	WasPrimary bool
+}
+
+// NewPrimary and NewSecondary are the sides of a protected pair.
+func NewPrimary() Side   { return Side{State: Protected, WasPrimary: true} }
+func NewSecondary() Side { return Side{State: Replicating} }
+
+// MayRelease says whether the side may release outputs without an acknowledgement.
+func (s Side) MayRelease() bool { return s.State == Alone }
+
+// MayReleaseAcked says whether outputs the peer acknowledged may leave.
+func (s Side) MayReleaseAcked() bool { return s.State == Protected || s.State == Alone }
+
+// On applies an event and returns the actions to take, in order. An event that does not apply in
+// the current state is an error and changes nothing.
+func (s *Side) On(e Event) ([]Action, error) {
+	switch {
+	case s.State == Fenced:
+		return nil, nil // final: nothing undoes a fence
+	case e == PeerSilent && (s.State == Protected || s.State == Replicating):
+		s.WasPrimary = s.State == Protected
+		s.State = Claiming
+		return []Action{Claim}, nil
+	case e == PeerSilent && (s.State == Claiming || s.State == Alone):
+		return nil, nil // already handling it
+	case s.State == Claiming && e == ClaimWon:
+		s.State = Alone
+		if s.WasPrimary {
+			return []Action{ReleaseHeld, StartSecondary}, nil
+		}
+		return []Action{GoLive, ReleaseHeld, StartSecondary}, nil
+	case s.State == Claiming && (e == ClaimLost || e == ClaimFailed):
+		s.State = Fenced
+		return []Action{Fence}, nil
+	case s.State == Alone && e == SecondaryJoined:
+		s.State, s.WasPrimary = Protected, true
+		return nil, nil
+	}
+	return nil, fmt.Errorf("event %s does not apply to a side in state %s", e, s.State)
+}
