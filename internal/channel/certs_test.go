@@ -21,7 +21,7 @@ type testPKI struct {
 	pool *x509.CertPool
 }
 
-func newPKI(t *testing.T, name string) *testPKI {
+func newPKI(t testing.TB, name string) *testPKI {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -44,7 +44,7 @@ func newPKI(t *testing.T, name string) *testPKI {
 
 // tlsConfig issues a certificate for a lockstepd (DNS name and loopback address) and returns its
 // TLS configuration, trusting only this CA.
-func (p *testPKI) tlsConfig(t *testing.T, name string) *tls.Config {
+func (p *testPKI) tlsConfig(t testing.TB, name string) *tls.Config {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -82,8 +82,9 @@ func clientTLS(c *tls.Config) *tls.Config {
 // conn is one established connection with its buffered reader and writer.
 type conn struct {
 	net.Conn
-	r *bufio.Reader
-	w *bufio.Writer
+	r    *bufio.Reader
+	w    *bufio.Writer
+	wbuf []byte // encoding buffer, reused (only the connection's writer goroutine writes)
 }
 
 func newConn(c net.Conn) *conn {
@@ -111,13 +112,12 @@ func handshake(ctx context.Context, tc *tls.Conn, timeout time.Duration) (*conn,
 }
 
 func (c *conn) write(frames ...ftlog.Frame) error {
-	var buf []byte
 	for _, f := range frames {
 		var err error
-		if buf, err = ftlog.AppendFrame(buf[:0], f); err != nil {
+		if c.wbuf, err = ftlog.AppendFrame(c.wbuf[:0], f); err != nil {
 			return err
 		}
-		if _, err := c.w.Write(buf); err != nil {
+		if _, err := c.w.Write(c.wbuf); err != nil {
 			return err
 		}
 	}

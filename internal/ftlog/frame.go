@@ -157,7 +157,7 @@ func AppendFrame(b []byte, f Frame) ([]byte, error) {
 }
 
 // ReadFrame reads one frame. It returns io.EOF only at a clean frame boundary, and an ErrFrame
-// for anything malformed. Entry data is a fresh copy that the caller may keep.
+// for anything malformed. Entry data points into a buffer of its own that the caller may keep.
 func ReadFrame(r *bufio.Reader) (Frame, error) {
 	var hdr [headerLen]byte
 	if _, err := io.ReadFull(r, hdr[:1]); err != nil {
@@ -184,7 +184,7 @@ func unexpectedEOF(err error) error {
 	return err
 }
 
-// DecodeBody decodes a frame body of the given type.
+// DecodeBody decodes a frame body of the given type. Entry data aliases body.
 func DecodeBody(t FrameType, body []byte) (Frame, error) {
 	d := decoder{b: body}
 	f := Frame{Type: t}
@@ -287,11 +287,12 @@ func (d *decoder) u64() uint64 {
 	return v
 }
 
+// bytes returns the next n bytes; they alias the body, which ReadFrame allocates for each frame.
 func (d *decoder) bytes(n uint32) []byte {
 	if !d.need(uint64(n)) {
 		return nil
 	}
-	v := append([]byte(nil), d.b[:n]...)
+	v := d.b[:n:n]
 	d.b = d.b[n:]
 	return v
 }

@@ -102,10 +102,13 @@ func (l *Log) Ack(a Ack, now time.Time) (time.Duration, error) {
 
 func (l *Log) release(upTo uint64) {
 	n := int(upTo - l.acked)
-	for _, e := range l.pending[:n] {
-		l.bytes -= len(e.Data)
+	for i := range l.pending[:n] {
+		l.bytes -= len(l.pending[i].Data)
+		l.pending[i] = Entry{} // let the data go
 	}
-	l.pending = append([]Entry(nil), l.pending[n:]...)
+	// Reslice rather than copy: append reallocates once the capacity runs out, so the cost is
+	// amortized, and batches handed out by Next stay valid.
+	l.pending = l.pending[n:]
 	l.acked = upTo
 }
 

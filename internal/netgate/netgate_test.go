@@ -6,96 +6,27 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
 )
-
-// twoHosts is a "VM host" and a "client" network namespace joined by a veth pair, made for the
-// test and removed after it: the only addresses the test uses are inside them.
-type twoHosts struct {
-	vm, client string // namespace names
-	vmIf       string // the VM host's end of the link: the gated interface
-	clientAddr string
-}
-
-func ip(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v\n%s(the data-plane tests need root: they create network namespaces)", strings.Join(args, " "), err, out)
-	}
-}
-
-func newTwoHosts(t *testing.T) *twoHosts {
-	id := strconv.Itoa(os.Getpid() % 100000)
-	h := &twoHosts{vm: "lsg-vm-" + id, client: "lsg-cl-" + id, vmIf: "lsg" + id + "a", clientAddr: "10.213.0.2"}
-	ip(t, "netns", "add", h.vm)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", h.vm).Run() })
-	ip(t, "netns", "add", h.client)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", h.client).Run() })
-	// IPv4 only: IPv6 neighbour discovery would add packets of its own to the gated link.
-	for _, ns := range []string{h.vm, h.client} {
-		inNS(t, ns, func() {
-			for _, conf := range []string{"all", "default"} {
-				if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-		})
-	}
-	ip(t, "-n", h.vm, "link", "add", h.vmIf, "type", "veth", "peer", "name", "lsg"+id+"b", "netns", h.client)
-	ip(t, "-n", h.vm, "addr", "add", "10.213.0.1/24", "dev", h.vmIf)
-	ip(t, "-n", h.client, "addr", "add", h.clientAddr+"/24", "dev", "lsg"+id+"b")
-	for _, ns := range []string{h.vm, h.client} {
-		ip(t, "-n", ns, "link", "set", "lo", "up")
-	}
-	ip(t, "-n", h.vm, "link", "set", h.vmIf, "up")
-	ip(t, "-n", h.client, "link", "set", "lsg"+id+"b", "up")
-	return h
-}
-
-// inNS runs fn on a thread inside the named namespace: sockets it opens belong there.
-func inNS(t *testing.T, name string, fn func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = orig.Close() }()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ns.Close() }()
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Set(orig) }()
-	fn()
-}
 
 // TestPacketsLeaveOnlyAfterTheirPositionIsAcknowledged sends UDP datagrams from the VM host, each
 // after a log position, through a real kernel gate, and checks that the client receives exactly
 // those whose position is acknowledged, in order; that a fenced gate drops what it held; and
 // that closing the gate removes its rule.
 func TestPacketsLeaveOnlyAfterTheirPositionIsAcknowledged(t *testing.T) {
-	h := newTwoHosts(t)
+	h := testnet.NewLink(t) // A is the VM's host, B the client
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
 	var recv net.PacketConn
-	inNS(t, h.client, func() {
+	testnet.In(t, h.B, func() {
 		var err error
-		if recv, err = net.ListenPacket("udp4", h.clientAddr+":9999"); err != nil {
+		if recv, err = net.ListenPacket("udp4", h.BAddr+":9999"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -113,16 +44,16 @@ func TestPacketsLeaveOnlyAfterTheirPositionIsAcknowledged(t *testing.T) {
 		}
 	}()
 	var send net.Conn
-	inNS(t, h.vm, func() {
+	testnet.In(t, h.A, func() {
 		var err error
-		if send, err = net.Dial("udp4", h.clientAddr+":9999"); err != nil {
+		if send, err = net.Dial("udp4", h.BAddr+":9999"); err != nil {
 			t.Fatal(err)
 		}
 	})
 	defer func() { _ = send.Close() }()
 
 	var position atomic.Uint64
-	g, err := Open(ctx, Config{NetNS: "/var/run/netns/" + h.vm, Interface: h.vmIf, Hook: HookOutput, Queue: 7}, position.Load)
+	g, err := Open(ctx, Config{NetNS: testnet.NetNSPath(h.A), Interface: h.AIf, Hook: HookOutput, Queue: 7}, position.Load)
 	if err != nil {
 		t.Fatal(err)
 	}
