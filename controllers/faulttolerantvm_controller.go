@@ -144,6 +144,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseValidate,
 		r.phaseHalt,
 		r.phaseLoggingNetwork,
+		r.phaseMarkSynced,
 		r.phaseFailover,
 		r.phaseReplaceLostSecondary,
 		r.phaseEnsurePrimary,
@@ -268,13 +269,40 @@ func (r *FaultTolerantVMReconciler) phaseLoggingNetwork(ctx context.Context, s *
 
 // phaseFailover handles a lost primary. A running secondary is promoted: it is the VM from now
 // on. Without one the VM cannot go on where it was; it restarts from the lost primary's disks.
+// phaseMarkSynced marks a secondary that holds the primary's state. A secondary that started
+// while its primary's node was already failing never received that state, and promoting it would
+// lose the VM's memory and recent writes (a restart from disk is the honest outcome then). Until
+// lockstepd reports the end of the initial synchronization, a secondary counts as synchronized once
+// it has run beside a primary that runs on a healthy node.
+func (r *FaultTolerantVMReconciler) phaseMarkSynced(ctx context.Context, s *scope) error {
+	sec, p := s.secondary, s.primary
+	if sec == nil || p == nil || sec.synced() || sec.verdict.State != health.Running || p.verdict.State != health.Running {
+		return nil
+	}
+	base := sec.vmi.DeepCopy()
+	if sec.vmi.Annotations == nil {
+		sec.vmi.Annotations = map[string]string{}
+	}
+	sec.vmi.Annotations[ftv1.AnnotationSyncedAt] = r.Clock.Now().UTC().Format(time.RFC3339)
+	if err := r.Patch(ctx, sec.vmi, client.MergeFrom(base)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+// synced says whether the member holds its pair's state (see phaseMarkSynced).
+func (mv *memberView) synced() bool {
+	_, ok := mv.vmi.Annotations[ftv1.AnnotationSyncedAt]
+	return ok
+}
+
 func (r *FaultTolerantVMReconciler) phaseFailover(ctx context.Context, s *scope) error {
 	p := s.primary
 	if p == nil || p.verdict.State != health.Lost {
 		return nil
 	}
 	sec := s.secondary
-	if sec != nil && sec.verdict.State == health.Running {
+	if sec != nil && sec.verdict.State == health.Running && sec.synced() {
 		if err := r.promote(ctx, sec); err != nil {
 			return err
 		}
@@ -292,9 +320,14 @@ func (r *FaultTolerantVMReconciler) phaseFailover(ctx context.Context, s *scope)
 		return r.deleteMember(ctx, p, "primary lost: "+p.verdict.Reason)
 	}
 	// No running secondary holds the VM's state: restart the VM elsewhere from the primary's
-	// disks (phaseEnsurePrimary starts it). A secondary that never ran holds nothing worth keeping.
+	// disks (phaseEnsurePrimary starts it). A secondary that never synchronized holds nothing
+	// worth keeping.
+	why := "no secondary"
+	if sec != nil {
+		why = fmt.Sprintf("secondary %s never synchronized", sec.vmi.Name)
+	}
 	r.Recorder.Eventf(s.ftvm, p.vmi, corev1.EventTypeWarning, ftv1.ReasonPrimaryLost, "Restart",
-		"primary %s on node %s lost (%s) with no running secondary: the VM restarts from the primary's disks", p.vmi.Name, p.node, p.verdict.Message)
+		"primary %s on node %s lost (%s) with %s: the VM restarts from the primary's disks", p.vmi.Name, p.node, p.verdict.Message, why)
 	if sec != nil {
 		if err := r.deleteMember(ctx, sec, "its primary was lost before it ran"); err != nil {
 			return err

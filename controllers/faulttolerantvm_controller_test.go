@@ -317,6 +317,29 @@ var _ = Describe("FaultTolerantVM", func() {
 			})
 		})
 
+		It("never promotes a secondary that started while its primary's node was failing: the VM restarts instead", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			Expect(getVMIAnnotation(ns, oldSecondary.VMI, ftv1.AnnotationSyncedAt)).NotTo(BeEmpty(), "a Protected pair's secondary is synchronized")
+			makeNode("node-4", "zone-a") // two nodes stay healthy, for the restarted pair
+			// The primary's node stops reporting (suspect, within the grace), and the secondary's
+			// node is lost at once: a new secondary starts beside a primary that cannot feed it.
+			node := &corev1.Node{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: oldPrimary.Node}, node)).To(Succeed())
+			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
+			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			setNodeReady(oldSecondary.Node, false)
+			waitFor(ns, "vm", "a new secondary, not synchronized", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Secondary != nil && f.Status.Secondary.VMI == "vm-3" && f.Status.State != ftv1.StateProtected
+			})
+			Expect(getVMIAnnotation(ns, "vm-3", ftv1.AnnotationSyncedAt)).To(BeEmpty())
+
+			after := waitFor(ns, "vm", "restarted and protected", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Primary.VMI != oldPrimary.VMI && f.Status.Primary.VMI != "vm-3"
+			})
+			Expect(after.Status.FailoverCount).To(BeZero(), "a restart from disk is not a failover")
+			Expect(eventMessages(ns, "vm", ftv1.ReasonPrimaryLost)).To(ContainSubstring("secondary vm-3 never synchronized"))
+		})
+
 		It("waits for the grace period before judging a NotReady node lost", func() {
 			node := &corev1.Node{}
 			Expect(k8s.Get(ctx(), types.NamespacedName{Name: got.Status.Primary.Node}, node)).To(Succeed())

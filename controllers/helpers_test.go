@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
@@ -197,4 +198,24 @@ func eventReasons(ns, name string) []string {
 		}
 	}
 	return reasons
+}
+
+// eventMessages joins the messages of a FaultTolerantVM's events with the given reason.
+func eventMessages(ns, name, reason string) string {
+	var list corev1.EventList
+	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
+	var msgs []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == name && e.Reason == reason {
+			msgs = append(msgs, e.Message)
+		}
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// getVMIAnnotation reads one annotation of a VMI ("" when absent).
+func getVMIAnnotation(ns, name, key string) string {
+	vmi, err := getVMI(ns, name)
+	Expect(err).NotTo(HaveOccurred())
+	return vmi.Annotations[key]
 }

@@ -20,6 +20,11 @@ const (
 	AnnotationOrdinal = "ft.lockstep.dev/ordinal"
 	// AnnotationRoleSince is when the member took its role (RFC 3339).
 	AnnotationRoleSince = "ft.lockstep.dev/role-since"
+	// AnnotationSyncedAt, on a secondary, is when it was first known to hold the primary's state
+	// (RFC 3339): only such a secondary may be promoted. lockstepd sets it when the initial
+	// synchronization completes; until lockstepd runs, the operator sets it once the secondary has
+	// run beside a primary on a healthy node.
+	AnnotationSyncedAt = "ft.lockstep.dev/synced-at"
 	// AnnotationTemplate holds the template the member was built from (JSON), so that a new
 	// secondary is built from exactly what the surviving primary runs.
 	AnnotationTemplate = "ft.lockstep.dev/template"
