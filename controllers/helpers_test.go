@@ -3,7 +3,6 @@ package controllers_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
@@ -19,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/test/ftevents"
 )
 
 const (
@@ -187,35 +187,23 @@ func isGone(ns, name string) func() bool {
 	}
 }
 
-// events returns the reasons of the events about an object.
-func eventReasons(ns, name string) []string {
-	var list corev1.EventList
-	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
-	var reasons []string
-	for _, e := range list.Items {
-		if e.InvolvedObject.Name == name {
-			reasons = append(reasons, e.Reason)
-		}
-	}
-	return reasons
-}
-
-// eventMessages joins the messages of a FaultTolerantVM's events with the given reason.
-func eventMessages(ns, name, reason string) string {
-	var list corev1.EventList
-	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
-	var msgs []string
-	for _, e := range list.Items {
-		if e.InvolvedObject.Name == name && e.Reason == reason {
-			msgs = append(msgs, e.Message)
-		}
-	}
-	return strings.Join(msgs, "\n")
-}
-
 // getVMIAnnotation reads one annotation of a VMI ("" when absent).
 func getVMIAnnotation(ns, name, key string) string {
 	vmi, err := getVMI(ns, name)
 	Expect(err).NotTo(HaveOccurred())
 	return vmi.Annotations[key]
+}
+
+// eventReasons lists the reasons of the events about a FaultTolerantVM.
+func eventReasons(ns, name string) []string {
+	reasons, err := ftevents.Reasons(ctx(), k8s, ns, name)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return reasons
+}
+
+// eventMessages joins the messages of a FaultTolerantVM's events with the given reason.
+func eventMessages(ns, name, reason string) string {
+	msgs, err := ftevents.Messages(ctx(), k8s, ns, name, reason)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return msgs
 }

@@ -10,7 +10,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -250,14 +249,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 
 		By("waiting for the promotion, then NotProtected: no node can take a new secondary")
 		awaitFailoverCount(ns, "ledger", 1)
-		Eventually(func(g Gomega) {
-			f := getFTVM(ns, "ledger")
-			g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
-			c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(ftv1.ReasonNoEligibleNode))
-			g.Expect(c.Message).To(And(ContainSubstring("FT VM limit"), ContainSubstring("not Ready")))
-		}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
+		waitNotProtected(ns, "ledger", ftv1.ReasonNoEligibleNode, "FT VM limit", "not Ready")
 
 		By("bringing the node back")
 		back := time.Now()
@@ -340,26 +332,13 @@ var _ = Describe("lockstep on a local cluster", func() {
 		ns := newNamespace()
 		newFTVM(ns, "good")
 		waitProtected(ns, "good")
-		mem := resource.MustParse("1Gi")
-		base := func(name string) *ftv1.FaultTolerantVM {
-			return &ftv1.FaultTolerantVM{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-				Spec: ftv1.FaultTolerantVMSpec{
-					RunStrategy:    ftv1.RunStrategyRunning,
-					LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
-					Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{
-						CPU: &virtv1.CPU{Cores: 1}, Memory: &virtv1.Memory{Guest: &mem},
-					}}},
-				},
-			}
-		}
-		noMemory := base("no-memory")
+		noMemory := ftvm(ns, "no-memory")
 		noMemory.Spec.Template.Spec.Domain.Memory = nil
-		badStrategy := base("bad-strategy")
+		badStrategy := ftvm(ns, "bad-strategy")
 		badStrategy.Spec.RunStrategy = "Sometimes"
-		gpu := base("gpu")
+		gpu := ftvm(ns, "gpu")
 		gpu.Spec.Template.Spec.Domain.Devices.GPUs = []virtv1.GPU{{Name: "g", DeviceName: "nvidia.com/A100"}}
-		badNetwork := base("bad-network")
+		badNetwork := ftvm(ns, "bad-network")
 		badNetwork.Spec.LoggingNetwork.Name = "Not_A_Name"
 		for _, c := range []struct {
 			f    *ftv1.FaultTolerantVM
@@ -377,17 +356,10 @@ var _ = Describe("lockstep on a local cluster", func() {
 		}
 
 		By("a spec the API server accepts but the operator cannot protect: a missing logging network")
-		missing := base("missing-network")
+		missing := ftvm(ns, "missing-network")
 		missing.Spec.LoggingNetwork.Name = "no-such-network"
 		Expect(k8s.Create(ctx(), missing)).To(Succeed())
-		Eventually(func(g Gomega) {
-			f := getFTVM(ns, "missing-network")
-			g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
-			c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(ftv1.ReasonLoggingNetworkNotFound))
-			g.Expect(c.Message).To(ContainSubstring("no-such-network"))
-		}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
+		waitNotProtected(ns, "missing-network", ftv1.ReasonLoggingNetworkNotFound, "no-such-network")
 		Expect(members(ns, "missing-network")).To(BeEmpty())
 
 		Consistently(func(g Gomega) { expectPairHealthy(g, ns, "good") }).

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
@@ -13,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/test/ftevents"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
@@ -68,8 +69,15 @@ func newNamespace() string {
 
 // newFTVM creates a FaultTolerantVM with one vCPU and 1 GiB.
 func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
+	f := ftvm(ns, name)
+	Expect(k8s.Create(ctx(), f)).To(Succeed())
+	return f
+}
+
+// ftvm is a valid FaultTolerantVM with one vCPU and 1 GiB, not yet created.
+func ftvm(ns, name string) *ftv1.FaultTolerantVM {
 	mem := resource.MustParse("1Gi")
-	f := &ftv1.FaultTolerantVM{
+	return &ftv1.FaultTolerantVM{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: ftv1.FaultTolerantVMSpec{
 			RunStrategy:    ftv1.RunStrategyRunning,
@@ -80,8 +88,6 @@ func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
 			}}},
 		},
 	}
-	Expect(k8s.Create(ctx(), f)).To(Succeed())
-	return f
 }
 
 func getFTVM(ns, name string) *ftv1.FaultTolerantVM {
@@ -101,6 +107,22 @@ func waitProtected(ns, name string) *ftv1.FaultTolerantVM {
 		g.Expect(f.Status.Secondary).NotTo(BeNil())
 	}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
 	return f
+}
+
+// waitNotProtected waits until the FaultTolerantVM is NotProtected, with the given reason and a
+// message containing each of the parts.
+func waitNotProtected(ns, name, reason string, parts ...string) {
+	EventuallyWithOffset(1, func(g Gomega) {
+		f := &ftv1.FaultTolerantVM{}
+		g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, f)).To(Succeed())
+		g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
+		c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(reason))
+		for _, part := range parts {
+			g.Expect(c.Message).To(ContainSubstring(part))
+		}
+	}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
 }
 
 // members lists the pair's member VMIs.
@@ -211,30 +233,18 @@ func jsonOrNull(v *string) string {
 	return fmt.Sprintf("%q", *v)
 }
 
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
 // eventReasons lists the reasons of the events about a FaultTolerantVM.
 func eventReasons(ns, name string) []string {
-	var list corev1.EventList
-	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
-	var reasons []string
-	for _, e := range list.Items {
-		if e.InvolvedObject.Kind == "FaultTolerantVM" && e.InvolvedObject.Name == name {
-			reasons = append(reasons, e.Reason)
-		}
-	}
+	reasons, err := ftevents.Reasons(ctx(), k8s, ns, name)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
 	return reasons
 }
 
-// eventMessages joins the messages of the events about a FaultTolerantVM with a given reason.
+// eventMessages joins the messages of a FaultTolerantVM's events with the given reason.
 func eventMessages(ns, name, reason string) string {
-	var list corev1.EventList
-	Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
-	var msgs []string
-	for _, e := range list.Items {
-		if e.InvolvedObject.Name == name && e.Reason == reason {
-			msgs = append(msgs, e.Message)
-		}
-	}
-	return strings.Join(msgs, "\n")
+	msgs, err := ftevents.Messages(ctx(), k8s, ns, name, reason)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return msgs
 }
-
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
