@@ -15,6 +15,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/gate"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/pki"
 )
 
 // The benchmarks measure the FT log beside raw TCP and raw TLS on the same path, in the same run,
@@ -70,16 +71,16 @@ func paths(tb testing.TB) []path {
 const benchEntry = 16 << 10 // bytes per log entry / write
 
 func BenchmarkLogThroughput(b *testing.B) {
-	pki := newPKI(b, "bench-ca")
+	ca := pki.New(b, "bench-ca")
 	for _, p := range paths(b) {
 		b.Run(p.name+"/tcp", func(b *testing.B) { rawThroughput(b, p, nil) })
-		b.Run(p.name+"/tls", func(b *testing.B) { rawThroughput(b, p, pki) })
-		b.Run(p.name+"/ftlog", func(b *testing.B) { logThroughput(b, p, pki) })
+		b.Run(p.name+"/tls", func(b *testing.B) { rawThroughput(b, p, ca) })
+		b.Run(p.name+"/ftlog", func(b *testing.B) { logThroughput(b, p, ca) })
 	}
 }
 
 // rawThroughput writes b.N chunks over TCP (or TLS 1.3 with pki) and waits until all are read.
-func rawThroughput(b *testing.B, p path, pki *testPKI) {
+func rawThroughput(b *testing.B, p path, ca *pki.CA) {
 	ln := p.listen(b)
 	defer func() { _ = ln.Close() }()
 	done := make(chan int64, 1)
@@ -89,8 +90,8 @@ func rawThroughput(b *testing.B, p path, pki *testPKI) {
 			done <- -1
 			return
 		}
-		if pki != nil {
-			c = tls.Server(c, serverTLS(pki.tlsConfig(b, "lockstepd")))
+		if ca != nil {
+			c = tls.Server(c, serverTLS(ca.TLSConfig(b, "lockstepd")))
 		}
 		n, _ := io.Copy(io.Discard, c)
 		done <- n
@@ -99,8 +100,8 @@ func rawThroughput(b *testing.B, p path, pki *testPKI) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if pki != nil {
-		c = tls.Client(c, clientTLS(pki.tlsConfig(b, "lockstepd")))
+	if ca != nil {
+		c = tls.Client(c, clientTLS(ca.TLSConfig(b, "lockstepd")))
 	}
 	buf := make([]byte, benchEntry)
 	b.SetBytes(benchEntry)
@@ -118,10 +119,10 @@ func rawThroughput(b *testing.B, p path, pki *testPKI) {
 }
 
 // logThroughput logs b.N entries through the channel and waits until all are acknowledged.
-func logThroughput(b *testing.B, p path, pki *testPKI) {
+func logThroughput(b *testing.B, p path, ca *pki.CA) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, wait := benchPair(b, ctx, p, pki, ftlog.Window{Entries: 4096, Bytes: 64 << 20})
+	pr, wait := benchPair(b, ctx, p, ca, ftlog.Window{Entries: 4096, Bytes: 64 << 20})
 	defer wait()
 	buf := make([]byte, benchEntry)
 	b.SetBytes(benchEntry)
@@ -140,10 +141,10 @@ func logThroughput(b *testing.B, p path, pki *testPKI) {
 	b.ReportMetric(float64(b.N)*benchEntry*8/b.Elapsed().Seconds()/1e6, "Mbit/s")
 }
 
-func benchPair(b *testing.B, ctx context.Context, p path, pki *testPKI, w ftlog.Window) (*Primary, func()) {
+func benchPair(b *testing.B, ctx context.Context, p path, ca *pki.CA, w ftlog.Window) (*Primary, func()) {
 	cfg := Config{Pair: "bench/vm", Window: w, Timeout: 2 * time.Second}
 	scfg, pcfg := cfg, cfg
-	scfg.TLS, pcfg.TLS = pki.tlsConfig(b, "lockstepd"), pki.tlsConfig(b, "lockstepd")
+	scfg.TLS, pcfg.TLS = ca.TLSConfig(b, "lockstepd"), ca.TLSConfig(b, "lockstepd")
 	sec := NewSecondary(scfg, func(ftlog.Entry) error { return nil })
 	ln := p.listen(b)
 	pr := NewPrimary(pcfg, ln.Addr().String(), 1)
@@ -160,10 +161,10 @@ func benchPair(b *testing.B, ctx context.Context, p path, pki *testPKI, w ftlog.
 // an output behind it, and time until its acknowledgement releases it, one at a time. Beside it,
 // the round trip of a raw TCP ping-pong on the same path.
 func BenchmarkGatedOutputLatency(b *testing.B) {
-	pki := newPKI(b, "bench-ca")
+	ca := pki.New(b, "bench-ca")
 	for _, p := range paths(b) {
 		b.Run(p.name+"/rtt", func(b *testing.B) { rttLatency(b, p) })
-		b.Run(p.name+"/gated", func(b *testing.B) { gatedLatency(b, p, pki) })
+		b.Run(p.name+"/gated", func(b *testing.B) { gatedLatency(b, p, ca) })
 	}
 }
 
@@ -205,10 +206,10 @@ func rttLatency(b *testing.B, p path) {
 	reportPercentiles(b, samples)
 }
 
-func gatedLatency(b *testing.B, p path, pki *testPKI) {
+func gatedLatency(b *testing.B, p path, ca *pki.CA) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, wait := benchPair(b, ctx, p, pki, ftlog.Window{})
+	pr, wait := benchPair(b, ctx, p, ca, ftlog.Window{})
 	defer wait()
 	var mu sync.Mutex
 	var g gate.Gate[chan struct{}]

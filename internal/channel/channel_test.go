@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/gate"
+	"github.com/lockstep-dev/lockstep/test/pki"
 )
 
 // cutter forwards loopback TCP connections to target and can sever all of them at once, as a
@@ -73,10 +74,10 @@ type pairUnderTest struct {
 
 func startPair(t *testing.T, ctx context.Context, cfg Config, via func(string) string) *pairUnderTest {
 	t.Helper()
-	pki := newPKI(t, "lockstep-ca")
+	ca := pki.New(t, "lockstep-ca")
 	p := &pairUnderTest{}
 	scfg, pcfg := cfg, cfg
-	scfg.TLS, pcfg.TLS = pki.tlsConfig(t, "lockstepd"), pki.tlsConfig(t, "lockstepd")
+	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
 	p.secondary = NewSecondary(scfg, func(e ftlog.Entry) error {
 		p.mu.Lock()
 		p.applied = append(p.applied, e)
@@ -209,9 +210,9 @@ func TestAPeerFromAnotherCAOrPairIsRefused(t *testing.T) {
 		<-ictx.Done()
 		return intruder
 	}
-	other := newPKI(t, "other-ca")
+	other := pki.New(t, "other-ca")
 	for name, intruder := range map[string]*Primary{
-		"certificate from another CA": try(Config{Pair: "ns/db", TLS: other.tlsConfig(t, "lockstepd")}, 1),
+		"certificate from another CA": try(Config{Pair: "ns/db", TLS: other.TLSConfig(t, "lockstepd")}, 1),
 	} {
 		if s := intruder.Stats(); s.Connections != 0 {
 			t.Errorf("%s: connected %d times", name, s.Connections)

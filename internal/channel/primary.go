@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ type Primary struct {
 	cfg   Config
 	addr  string
 	epoch uint64
+	logID uint64
 	// Dial opens the TCP connection (a test or a fault proxy may replace it).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// OnAck, when set, is called with every new cumulative acknowledgement, in order, from the
@@ -48,12 +50,13 @@ type PrimaryStats struct {
 	LastAckUnixNanos int64
 }
 
-// NewPrimary makes the primary's side for the secondary at addr; epoch is the pair's Lease epoch
-// this primary holds.
+// NewPrimary makes the primary's side for the secondary at addr, with a new log; epoch is the
+// pair's Lease epoch this primary holds. The first entry of a new log must carry the whole VM
+// state: the secondary starts its replica over when it sees a new log.
 func NewPrimary(cfg Config, addr string, epoch uint64) *Primary {
 	cfg = cfg.withDefaults()
 	return &Primary{
-		cfg: cfg, addr: addr, epoch: epoch,
+		cfg: cfg, addr: addr, epoch: epoch, logID: rand.Uint64() | 1,
 		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", addr)
@@ -185,7 +188,7 @@ func (p *Primary) session(ctx context.Context) error {
 	defer stop()
 
 	p.mu.Lock()
-	hello := ftlog.Hello{Role: ftlog.RolePrimary, Epoch: p.epoch, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
+	hello := ftlog.Hello{Role: ftlog.RolePrimary, Epoch: p.epoch, Log: p.logID, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
 	p.mu.Unlock()
 	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
 		return err

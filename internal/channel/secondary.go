@@ -29,6 +29,8 @@ type Secondary struct {
 	epoch     uint64 // highest primary epoch seen: an older primary is refused
 	lastHeard time.Time
 	current   net.Conn
+	closed    bool
+	logID     uint64 // the primary's log the replica follows
 	stats     SecondaryStats
 }
 
@@ -37,8 +39,10 @@ type SecondaryStats struct {
 	Applied     uint64
 	Connections uint64
 	Refused     uint64
-	Connected   bool
-	LastHeard   time.Time
+	// Logs counts the primary's logs followed (a new one per new primary, or per restart).
+	Logs      uint64
+	Connected bool
+	LastHeard time.Time
 }
 
 // NewSecondary makes the secondary's side.
@@ -109,20 +113,36 @@ func (s *Secondary) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Secondary) session(ctx context.Context, raw net.Conn) error {
-	c, stop, err := handshake(ctx, tls.Server(raw, serverTLS(s.cfg.TLS)), s.cfg.Timeout)
+	c, peer, stop, err := accept(ctx, raw, s.cfg.TLS, s.cfg.Timeout)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	f, err := c.read(s.cfg.Timeout)
-	if err != nil {
-		return err
-	}
-	peer, err := expectHello(f, ftlog.RolePrimary, s.cfg.Pair)
-	if err != nil {
-		return s.refuse(err)
-	}
+	return s.serveConn(ctx, c, peer)
+}
 
+// accept runs the server side of the TLS handshake and reads the primary's Hello.
+func accept(ctx context.Context, raw net.Conn, tc *tls.Config, timeout time.Duration) (*conn, *ftlog.Hello, func(), error) {
+	c, stop, err := handshake(ctx, tls.Server(raw, serverTLS(tc)), timeout)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	f, err := c.read(timeout)
+	if err == nil && (f.Type != ftlog.FrameHello || f.Hello.Role != ftlog.RolePrimary) {
+		err = fmt.Errorf("%w: the first frame is not a primary's Hello", ErrHandshake)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return c, f.Hello, stop, nil
+}
+
+// serveConn runs an accepted connection whose Hello was read.
+func (s *Secondary) serveConn(ctx context.Context, c *conn, peer *ftlog.Hello) error {
+	if peer.Pair != s.cfg.Pair {
+		return s.refuse(fmt.Errorf("%w: peer serves pair %q, not %q", ErrHandshake, peer.Pair, s.cfg.Pair))
+	}
 	hello, err := s.admit(c, peer)
 	if err != nil {
 		return s.refuse(err)
@@ -148,16 +168,45 @@ func (s *Secondary) session(ctx context.Context, raw net.Conn) error {
 	return err
 }
 
+// Epoch is the newest primary epoch this secondary has admitted.
+func (s *Secondary) Epoch() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch
+}
+
+// Close ends the current connection and refuses the primary from now on (this side goes live or
+// is fenced: it must apply nothing more).
+func (s *Secondary) Close() {
+	s.mu.Lock()
+	s.closed = true
+	if s.current != nil {
+		_ = s.current.Close()
+	}
+	s.mu.Unlock()
+	// Wait for an entry being applied: the engine may run as the primary once Close returns.
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+}
+
 // admit makes c the current connection of a primary that may speak, and returns the Hello that
 // tells it where to resume. An entry that the connection it replaces is still applying is either
 // counted in the resume point or arrives again and is skipped: applying is serialized by applyMu.
 func (s *Secondary) admit(c *conn, peer *ftlog.Hello) (ftlog.Hello, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return ftlog.Hello{}, fmt.Errorf("%w: this secondary no longer follows a primary", ErrHandshake)
+	}
 	if peer.Epoch < s.epoch {
 		return ftlog.Hello{}, fmt.Errorf("%w: primary of epoch %d, but epoch %d was seen: a fenced primary", ErrHandshake, peer.Epoch, s.epoch)
 	}
 	s.epoch = peer.Epoch
+	if peer.Log != s.logID {
+		// A new log starts with the whole state: the replica starts over.
+		s.logID, s.rep = peer.Log, ftlog.NewReplica()
+		s.stats.Logs++
+	}
 	if s.current != nil {
 		_ = s.current.Close() // the primary reconnected: the old connection is dead to it
 	}
@@ -191,7 +240,7 @@ func (s *Secondary) readLoop(c *conn, acks chan<- struct{}) error {
 		default:
 			return fmt.Errorf("%w: unexpected %s from the primary", ftlog.ErrProtocol, f.Type)
 		}
-		if err := s.applyAll(f.Entries); err != nil {
+		if err := s.applyAll(c, f.Entries); err != nil {
 			return err
 		}
 		select {
@@ -202,12 +251,16 @@ func (s *Secondary) readLoop(c *conn, acks chan<- struct{}) error {
 }
 
 // applyAll applies the entries not applied yet, each exactly once.
-func (s *Secondary) applyAll(entries []ftlog.Entry) error {
+func (s *Secondary) applyAll(c *conn, entries []ftlog.Entry) error {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	for _, e := range entries {
 		s.mu.Lock()
 		ok, err := s.rep.Check(e)
+		if s.closed || s.current != c {
+			// Closed, or replaced by a connection that may follow another log.
+			err = errors.New("the connection is no longer the secondary's current one")
+		}
 		s.mu.Unlock()
 		if err != nil {
 			return err

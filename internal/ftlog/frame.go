@@ -9,7 +9,7 @@
 //
 // and the bodies are, in big endian:
 //
-//	Hello      version u8 | role u8 | epoch u64 | next u64 | pair (rest, UTF-8)
+//	Hello      version u8 | role u8 | epoch u64 | log u64 | next u64 | pair (rest, UTF-8)
 //	Entries    first u64 | count u32 | count x (sentUnixNano i64 | len u32 | data)
 //	Ack        seq u64 | echoUnixNano i64
 //	Heartbeat  sentUnixNano i64 | last u64
@@ -80,8 +80,12 @@ type Entry struct {
 type Hello struct {
 	Role  Role
 	Epoch uint64
-	Next  uint64
-	Pair  string
+	// Log identifies the primary's log: a primary that starts a new log (for a new secondary, or
+	// after the secondary lost entries it had acknowledged) begins it with the whole VM state, and
+	// a secondary that sees a new Log starts its replica over from entry 1.
+	Log  uint64
+	Next uint64
+	Pair string
 }
 
 // Ack acknowledges every entry up to and including Seq. EchoUnixNano is the SentUnixNano of
@@ -123,6 +127,7 @@ func AppendFrame(b []byte, f Frame) ([]byte, error) {
 		h := f.Hello
 		b = append(b, Version, byte(h.Role))
 		b = binary.BigEndian.AppendUint64(b, h.Epoch)
+		b = binary.BigEndian.AppendUint64(b, h.Log)
 		b = binary.BigEndian.AppendUint64(b, h.Next)
 		b = append(b, h.Pair...)
 	case FrameEntries:
@@ -191,7 +196,7 @@ func DecodeBody(t FrameType, body []byte) (Frame, error) {
 	switch t {
 	case FrameHello:
 		v := d.u8()
-		h := &Hello{Role: Role(d.u8()), Epoch: d.u64(), Next: d.u64()}
+		h := &Hello{Role: Role(d.u8()), Epoch: d.u64(), Log: d.u64(), Next: d.u64()}
 		if d.err != nil {
 			return Frame{}, d.err
 		}

@@ -24,7 +24,7 @@ func roundTrip(t *testing.T, f Frame) Frame {
 
 func TestFramesRoundTrip(t *testing.T) {
 	for _, f := range []Frame{
-		{Type: FrameHello, Hello: &Hello{Role: RoleSecondary, Epoch: 7, Next: 42, Pair: "ns/mail-01"}},
+		{Type: FrameHello, Hello: &Hello{Role: RoleSecondary, Epoch: 7, Log: 0xfeedbeef, Next: 42, Pair: "ns/mail-01"}},
 		{Type: FrameEntries, Entries: []Entry{{Seq: 5, SentUnixNano: 1, Data: []byte("a")}, {Seq: 6, SentUnixNano: -2, Data: []byte{}}, {Seq: 7, Data: bytes.Repeat([]byte{9}, 1000)}}},
 		{Type: FrameAck, Ack: &Ack{Seq: 1 << 40, EchoUnixNano: 123}},
 		{Type: FrameHeartbeat, Heartbeat: &Heartbeat{SentUnixNano: 99, Last: 3}},

@@ -1,0 +1,251 @@
+package lockstepd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/lockstep-dev/lockstep/internal/arbiter"
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/test/pki"
+	"github.com/lockstep-dev/lockstep/test/vmdouble"
+)
+
+// leaseModel is the pair's Lease as a compare-and-set register (the envtest-backed arbiter is
+// tested in internal/arbiter and in the data-plane fault tests).
+type leaseModel struct {
+	mu     sync.Mutex
+	holder arbiter.Holder
+	down   bool
+}
+
+type sideArbiter struct {
+	m  *leaseModel
+	id string
+}
+
+var errDown = errors.New("the API server is unreachable")
+
+func (a sideArbiter) Ensure(context.Context) (arbiter.Holder, error) {
+	a.m.mu.Lock()
+	defer a.m.mu.Unlock()
+	if a.m.down {
+		return arbiter.Holder{}, errDown
+	}
+	if a.m.holder.Epoch == 0 {
+		a.m.holder = arbiter.Holder{Identity: a.id, Epoch: 1}
+	}
+	return a.m.holder, nil
+}
+
+func (a sideArbiter) Claim(_ context.Context, known uint64) (uint64, error) {
+	a.m.mu.Lock()
+	defer a.m.mu.Unlock()
+	if a.m.down {
+		return 0, errDown
+	}
+	if a.m.holder.Epoch != known {
+		return 0, fmt.Errorf("%w: epoch %d", arbiter.ErrLost, a.m.holder.Epoch)
+	}
+	a.m.holder = arbiter.Holder{Identity: a.id, Epoch: known + 1}
+	return known + 1, nil
+}
+
+// outputs records what clients saw, and checks each output against the secondary's state when
+// it left: the secondary must already hold the value.
+type outputs struct {
+	mu        sync.Mutex
+	seen      []string
+	max       map[string]uint64
+	violation error
+}
+
+func (o *outputs) emitter(name string, follower func() (*vmdouble.Counter, bool)) func([]byte) {
+	return func(b []byte) {
+		_, v, err := vmdouble.ParsePayload(b)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if err != nil {
+			o.violation = err
+			return
+		}
+		if follower != nil && o.violation == nil {
+			// While the primary is protected, an output leaves only once the secondary holds it.
+			if f, protected := follower(); protected && f.Value() < v {
+				o.violation = fmt.Errorf("%s released output %d while protected, and its secondary held %d", name, v, f.Value())
+			}
+		}
+		if o.max == nil {
+			o.max = map[string]uint64{}
+		}
+		o.max[name] = max(o.max[name], v)
+		if len(o.seen) == 0 || o.seen[len(o.seen)-1] != name {
+			o.seen = append(o.seen, name)
+		}
+	}
+}
+
+func (o *outputs) snapshot() (runs []string, maxes map[string]uint64, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	maxes = map[string]uint64{}
+	for k, v := range o.max {
+		maxes[k] = v
+	}
+	return append([]string(nil), o.seen...), maxes, o.violation
+}
+
+type side struct {
+	agent  *lockstepd.Agent
+	engine *vmdouble.Counter
+	cancel context.CancelFunc
+	done   chan error
+	ln     net.Listener
+}
+
+type pair struct {
+	lease      *leaseModel
+	outs       *outputs
+	a, b       *side
+	ccfg       channel.Config
+	tlsA, tlsB channel.Config
+}
+
+func newPair(t *testing.T) *pair {
+	ca := pki.New(t, "ca")
+	p := &pair{lease: &leaseModel{}, outs: &outputs{}}
+	p.ccfg = channel.Config{Pair: "ns/vm", Heartbeat: 5 * time.Millisecond, Timeout: 40 * time.Millisecond}
+	p.tlsA, p.tlsB = p.ccfg, p.ccfg
+	p.tlsA.TLS, p.tlsB.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	return p
+}
+
+// start runs a side: a listener with its mux, an engine and the agent.
+func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config, follower func() (*vmdouble.Counter, bool)) *side {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := &channel.Mux{TLS: cfg.TLS}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &side{cancel: cancel, done: make(chan error, 1), ln: ln}
+	go func() { _ = mux.Serve(ctx, ln) }()
+	s.engine = &vmdouble.Counter{Name: name, Step: 200 * time.Microsecond, Emit: p.outs.emitter(name, follower)}
+	s.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
+		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
+		Detect: 120 * time.Millisecond, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
+	}, s.engine, sideArbiter{p.lease, name}, mux)
+	go func() { s.done <- s.agent.Run(ctx) }()
+	t.Cleanup(cancel)
+	return s
+}
+
+func waitState(t *testing.T, s *side, want failover.State) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.agent.State() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: state %s, want %s (%+v)", s.agent.Status().Identity, s.agent.State(), want, s.agent.Status())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// protect starts a primary "a" and a secondary "b" and waits until a is Protected.
+func (p *pair) protect(t *testing.T) {
+	t.Helper()
+	p.b = p.start(t, "b", false, p.tlsB, nil)
+	var a atomic.Pointer[side]
+	p.a = p.start(t, "a", true, p.tlsA, func() (*vmdouble.Counter, bool) {
+		s := a.Load()
+		return p.b.engine, s != nil && s.agent.Status().State == failover.Protected
+	})
+	a.Store(p.a)
+	p.a.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: "b", Node: "node-b", Addr: p.b.ln.Addr().String()})
+	waitState(t, p.a, failover.Protected)
+	if st := p.b.agent.Status(); !st.Synced || st.Epoch != 2 {
+		t.Fatalf("secondary after the primary joined: %+v, want synced at epoch 2", st)
+	}
+}
+
+func TestPrimaryReleasesOnlyAcknowledgedOutputs(t *testing.T) {
+	p := newPair(t)
+	p.protect(t)
+	time.Sleep(300 * time.Millisecond)
+	_, maxes, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxes["a"] < 100 {
+		t.Fatalf("the primary released %d outputs in 300ms, want the VM to run protected", maxes["a"])
+	}
+	st := p.a.agent.Status()
+	if !st.Connected || st.Interval <= 0 || st.BytesLogged == 0 || st.Epoch != 2 {
+		t.Fatalf("primary status %+v: want connected, a measured interval, logged bytes, epoch 2", st)
+	}
+}
+
+func TestSecondaryGoesLiveWhenPrimaryDies(t *testing.T) {
+	p := newPair(t)
+	p.protect(t)
+	time.Sleep(100 * time.Millisecond)
+	p.a.cancel() // the primary's node dies: its lockstepd and VM stop at once
+	p.a.ln.Close()
+	waitState(t, p.b, failover.Alone)
+	time.Sleep(100 * time.Millisecond)
+	runs, maxes, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(runs) != "[a b]" {
+		t.Fatalf("outputs came from %v, want a then b", runs)
+	}
+	st := p.b.agent.Status()
+	if st.Epoch != 3 || st.Failovers != 1 || !st.RunsVM {
+		t.Fatalf("secondary after going live: %+v", st)
+	}
+	// Nothing a client saw is lost: b runs on from at least a's last output.
+	if got := p.b.engine.Value(); got <= maxes["a"] {
+		t.Fatalf("b counts at %d, a had shown %d", got, maxes["a"])
+	}
+
+	// A new secondary joins the live side: protection resumes.
+	c := p.start(t, "c", false, p.tlsA, nil)
+	p.b.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: "c", Node: "node-c", Addr: c.ln.Addr().String()})
+	waitState(t, p.b, failover.Protected)
+	if !c.agent.Status().Synced {
+		t.Fatal("the new secondary is not synchronized")
+	}
+}
+
+func TestPartitionWithoutArbiterFencesBoth(t *testing.T) {
+	p := newPair(t)
+	p.protect(t)
+	p.lease.mu.Lock()
+	p.lease.down = true
+	p.lease.mu.Unlock()
+	// The secondary is told to take over (as the operator would after losing the primary's
+	// node): it stops following, so the primary hears nothing either; neither reaches the Lease.
+	p.b.ln.Close()
+	p.b.agent.Promote(context.Background())
+	waitState(t, p.b, failover.Fenced)
+	waitState(t, p.a, failover.Fenced)
+	_, maxA, _ := p.outs.snapshot()
+	time.Sleep(50 * time.Millisecond)
+	_, maxB, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxB["b"] != 0 || maxB["a"] != maxA["a"] {
+		t.Fatalf("outputs after both were fenced: before %v, after %v", maxA, maxB)
+	}
+}

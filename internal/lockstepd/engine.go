@@ -1,0 +1,40 @@
+package lockstepd
+
+import (
+	"context"
+
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// Engine is one member's VM as lockstepd drives it. The QEMU COLO engine (issue 5) and the test
+// double in test/vmdouble implement it.
+type Engine interface {
+	// Run runs the VM as the primary, from its current state, until ctx ends: it logs every
+	// nondeterministic input through rec before acting on it, and sends outputs either through
+	// rec.Output or out of GateInterface, where the kernel gate holds them.
+	Run(ctx context.Context, rec Recorder) error
+	// Resync tells a running primary that a new secondary joined: the next entry it logs must
+	// carry the whole VM state, so that the secondary can start from it.
+	Resync()
+	// Apply applies one log entry on the secondary. lockstepd calls it in log order, exactly once
+	// per entry, and never after the side went live or was fenced.
+	Apply(e ftlog.Entry) error
+	// Stop stops the VM for good: the side was fenced. It must not return before the VM can no
+	// longer produce output.
+	Stop()
+	// GateInterface is the interface whose outbound packets the kernel gate holds (the VM's tap),
+	// or "" when every output goes through Recorder.Output.
+	GateInterface() string
+}
+
+// Recorder is what a running primary engine logs and outputs through.
+type Recorder interface {
+	// Append logs an entry and returns its position; every output produced after it follows it.
+	// It waits while the replication window is full (flow control) and while the secondary
+	// trails by more than the interval threshold (the paper's slowing of the primary).
+	Append(ctx context.Context, data []byte) (uint64, error)
+	// Output holds an output until the secondary has acknowledged every entry logged before it,
+	// then calls release; outputs are released in the order they were given. An output held when
+	// the side is fenced is dropped: release is never called.
+	Output(release func())
+}

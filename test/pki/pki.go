@@ -1,0 +1,105 @@
+// Package pki makes, in memory, the CA and certificates that cert-manager issues to lockstepd in
+// a cluster, for tests: TLS configurations, or the files cert-manager mounts (tls.crt, tls.key,
+// ca.crt).
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// CA is a certificate authority.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	Pool *x509.CertPool
+}
+
+// New makes a CA.
+func New(tb testing.TB, name string) *CA {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &CA{cert: cert, key: key, Pool: pool}
+}
+
+// issue makes a server-and-client certificate for name (a DNS name), valid for any address.
+func (ca *CA) issue(tb testing.TB, name string) ([]byte, *ecdsa.PrivateKey) {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		DNSNames: []string{name}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return der, key
+}
+
+// TLSConfig issues a certificate for name and returns a TLS configuration that presents it,
+// trusts only this CA and expects the peer to be named "lockstepd".
+func (ca *CA) TLSConfig(tb testing.TB, name string) *tls.Config {
+	tb.Helper()
+	der, key := ca.issue(tb, name)
+	return &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		RootCAs:      ca.Pool, ClientCAs: ca.Pool, ServerName: "lockstepd",
+	}
+}
+
+// WriteFiles issues a certificate for name and writes tls.crt, tls.key and ca.crt into dir, as
+// cert-manager's Secret is mounted.
+func (ca *CA) WriteFiles(tb testing.TB, dir, name string) {
+	tb.Helper()
+	der, key := ca.issue(tb, name)
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	files := map[string]*pem.Block{
+		"tls.crt": {Type: "CERTIFICATE", Bytes: der},
+		"tls.key": {Type: "EC PRIVATE KEY", Bytes: kb},
+		"ca.crt":  {Type: "CERTIFICATE", Bytes: ca.cert.Raw},
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	for f, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), pem.EncodeToMemory(b), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
