@@ -163,6 +163,55 @@ type MemberStatus struct {
 	Since *metav1.Time `json:"since,omitempty"`
 }
 
+// ReplicationStatus is what the lockstepd of each side reports; each writes only its own side.
+type ReplicationStatus struct {
+	// Primary is reported by the lockstepd of the member that runs the VM.
+	// +optional
+	Primary *SideStatus `json:"primary,omitempty"`
+	// Secondary is reported by the lockstepd of the member that follows it.
+	// +optional
+	Secondary *SideStatus `json:"secondary,omitempty"`
+}
+
+// SideState is a side's state in lockstepd.
+// +kubebuilder:validation:Enum=Protected;Replicating;Claiming;Alone;Fenced
+type SideState string
+
+// SideStatus is one side of the pair as its lockstepd sees it.
+type SideStatus struct {
+	// VMI is the member VMI; Node where it runs.
+	VMI  string `json:"vmi"`
+	Node string `json:"node,omitempty"`
+	// State: Protected (the primary's outputs leave on acknowledgement), Replicating (a
+	// secondary applying the log), Claiming (the peer went silent; the pair's Lease is being
+	// claimed), Alone (runs the VM without a secondary), Fenced (lost the Lease or could not reach
+	// it: stopped for good).
+	State SideState `json:"state"`
+	// Since is when the side entered State.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+	// Epoch is the pair's Lease epoch the side knows.
+	// +optional
+	Epoch int64 `json:"epoch,omitempty"`
+	// Synchronized: a secondary holds the primary's state.
+	// +optional
+	Synchronized bool `json:"synchronized,omitempty"`
+	// Connected: the FT log connection is up.
+	// +optional
+	Connected bool `json:"connected,omitempty"`
+	// LastHeartbeatTime is when the peer was last heard.
+	// +optional
+	LastHeartbeatTime *metav1.Time `json:"lastHeartbeatTime,omitempty"`
+	// HeldOutputs is the number of outputs waiting for an acknowledgement.
+	// +optional
+	HeldOutputs int32 `json:"heldOutputs,omitempty"`
+	// Message says why a side is Fenced, or what went wrong.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// ReportTime is when lockstepd wrote this report.
+	ReportTime metav1.Time `json:"reportTime"`
+}
+
 // FaultTolerantVMStatus is the observed state of a FaultTolerantVM.
 type FaultTolerantVMStatus struct {
 	// ObservedGeneration is the generation this status describes.
@@ -193,6 +242,10 @@ type FaultTolerantVMStatus struct {
 	// each member's node, in Mbit/s.
 	// +optional
 	ReservedLogBandwidthMbps int32 `json:"reservedLogBandwidthMbps,omitempty"`
+
+	// Replication is what lockstepd reports of each side of the pair.
+	// +optional
+	Replication *ReplicationStatus `json:"replication,omitempty"`
 
 	// FailoverCount counts the promotions of a secondary.
 	// +optional

@@ -37,6 +37,10 @@ const (
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
 
+	// AnnotationNodeLoggingAddress, on a Node, is where its lockstepd listens for FT log
+	// connections ("ip:port" on the logging network); lockstepd sets it when it starts.
+	AnnotationNodeLoggingAddress = "ft.lockstep.dev/logging-address"
+
 	// AnnotationNodeMaxVMs, on a Node, overrides the cluster's FT VM limit for that node.
 	AnnotationNodeMaxVMs = "ft.lockstep.dev/max-ft-vms"
 	// AnnotationNodeMaxVCPUs, on a Node, overrides the cluster's FT vCPU limit for that node.

@@ -69,7 +69,11 @@ var ErrHandshake = errors.New("channel handshake failed")
 func serverTLS(c *tls.Config) *tls.Config {
 	c = c.Clone()
 	c.MinVersion = tls.VersionTLS13
-	c.ClientAuth = tls.RequireAndVerifyClientCert
+	// A peer certificate is always required; it is verified by the library against ClientCAs,
+	// or by the configuration's own VerifyConnection (lockstepd's, which follows CA renewals).
+	if c.ClientAuth < tls.RequireAnyClientCert || c.VerifyConnection == nil {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}
 	return c
 }
 

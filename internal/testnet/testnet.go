@@ -6,11 +6,14 @@
 package testnet
 
 import (
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -108,3 +111,158 @@ func Enter(name string, fn func()) error {
 	fn()
 	return nil
 }
+
+// Star is a hub namespace and a leaf namespace per name, each leaf joined to the hub by two veth
+// pairs: a data link (leaf Data[i].A side, hub .B side; the leaf routes everything else through
+// the hub) and a VM link (VM[i]) that carries what the leaf's VM sends to clients, so that a
+// test can gate one without the other.
+type Star struct {
+	Hub    string
+	Leaves []string
+	Data   []*Link
+	VM     []*Link
+}
+
+// NewStar makes a star with n leaves.
+func NewStar(tb testing.TB, n int) *Star {
+	tb.Helper()
+	s := &Star{}
+	first := NewLink(tb)
+	s.Hub = first.B
+	for i := range n {
+		var data *Link
+		if i == 0 {
+			data = first
+		} else {
+			data = linkTo(tb, s.Hub)
+		}
+		s.Data = append(s.Data, data)
+		s.Leaves = append(s.Leaves, data.A)
+		s.VM = append(s.VM, linkBetween(tb, data.A, s.Hub))
+		ip(tb, "-n", data.A, "route", "add", "default", "via", data.BAddr)
+	}
+	return s
+}
+
+// linkTo makes a new namespace joined to an existing one (the new one is A).
+func linkTo(tb testing.TB, b string) *Link {
+	tb.Helper()
+	n := seq.Add(1)
+	id := strconv.Itoa(os.Getpid()%10000) + "x" + strconv.Itoa(int(n))
+	a := "lst-a-" + id
+	ip(tb, "netns", "add", a)
+	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", a).Run() })
+	In(tb, a, func() {
+		for _, conf := range []string{"all", "default"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o644); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	})
+	ip(tb, "-n", a, "link", "set", "lo", "up")
+	return veth(tb, a, b, id, n)
+}
+
+// linkBetween joins two existing namespaces with a new veth pair.
+func linkBetween(tb testing.TB, a, b string) *Link {
+	tb.Helper()
+	n := seq.Add(1)
+	return veth(tb, a, b, strconv.Itoa(os.Getpid()%10000)+"x"+strconv.Itoa(int(n)), n)
+}
+
+func veth(tb testing.TB, a, b, id string, n int32) *Link {
+	net3 := strconv.Itoa(int(n) % 250)
+	l := &Link{A: a, B: b, AIf: "lst" + id + "a", BIf: "lst" + id + "b",
+		AAddr: "10.213." + net3 + ".1", BAddr: "10.213." + net3 + ".2"}
+	ip(tb, "-n", l.A, "link", "add", l.AIf, "type", "veth", "peer", "name", l.BIf, "netns", l.B)
+	ip(tb, "-n", l.A, "addr", "add", l.AAddr+"/24", "dev", l.AIf)
+	ip(tb, "-n", l.B, "addr", "add", l.BAddr+"/24", "dev", l.BIf)
+	ip(tb, "-n", l.A, "link", "set", l.AIf, "up")
+	ip(tb, "-n", l.B, "link", "set", l.BIf, "up")
+	return l
+}
+
+// Forward accepts TCP connections on listenAddr inside namespace listenNS ("" for the test's
+// own) and forwards each to dialAddr inside dialNS: a way for a process in a test namespace to
+// reach a server on the test's loopback (the API server), or for the test to reach one inside a
+// namespace. It returns the bound address and a switch: off closes every forwarded connection and
+// refuses new ones (the server is unreachable) until switched on again.
+func Forward(tb testing.TB, listenNS, listenAddr, dialNS, dialAddr string) (string, func(on bool)) {
+	tb.Helper()
+	var ln net.Listener
+	listen := func() {
+		var err error
+		if ln, err = net.Listen("tcp", listenAddr); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if listenNS == "" {
+		listen()
+	} else {
+		In(tb, listenNS, listen)
+	}
+	tb.Cleanup(func() { _ = ln.Close() })
+	var (
+		mu    sync.Mutex
+		on    = true
+		conns = map[net.Conn]bool{}
+	)
+	dial := func() (net.Conn, error) {
+		if dialNS == "" {
+			return net.Dial("tcp", dialAddr)
+		}
+		var c net.Conn
+		var err error
+		if e := Enter(dialNS, func() { c, err = net.Dial("tcp", dialAddr) }); e != nil {
+			return nil, e
+		}
+		return c, err
+	}
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			ok := on
+			mu.Unlock()
+			if !ok {
+				_ = in.Close()
+				continue
+			}
+			out, err := dial()
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			mu.Lock()
+			conns[in], conns[out] = true, true
+			mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				_ = dst.Close()
+				_ = src.Close()
+				mu.Lock()
+				delete(conns, dst)
+				delete(conns, src)
+				mu.Unlock()
+			}
+			go pipe(in, out)
+			go pipe(out, in)
+		}
+	}()
+	return ln.Addr().String(), func(state bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		on = state
+		if !on {
+			for c := range conns {
+				_ = c.Close()
+			}
+		}
+	}
+}
+
+// SetDown sets a link's A end down (true) or up: a partition of the two namespaces.
+func (l *Link) SetDown(tb testing.TB, down bool) { l.SetLink(tb, !down) }

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 )
@@ -30,7 +32,7 @@ type Counter struct {
 	Emit func(payload []byte)
 	// Iface is the interface Emit's packets leave through, for the kernel gate ("" for none).
 	Iface string
-	// Trace, when set, gets a line per applied entry ("apply <seq> <value>"), per start as the
+	// Trace, when set, gets a line per applied entry ("apply <seq> <value> <Monotonic()>"), per start as the
 	// primary ("run <value>") and per stop ("stop"), each written at once.
 	Trace io.Writer
 
@@ -121,7 +123,7 @@ func (c *Counter) Apply(e ftlog.Entry) error {
 	c.mu.Lock()
 	c.value = v
 	c.mu.Unlock()
-	c.trace("apply %d %d", e.Seq, v)
+	c.trace("apply %d %d %d", e.Seq, v, Monotonic())
 	return nil
 }
 
@@ -136,6 +138,15 @@ func (c *Counter) Stop() {
 
 // GateInterface implements lockstepd.Engine.
 func (c *Counter) GateInterface() string { return c.Iface }
+
+// Monotonic is CLOCK_MONOTONIC in nanoseconds: one clock for every process and network
+// namespace of the machine, so that a test orders what a secondary applied before what a
+// client received.
+func Monotonic() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
 
 // Payload is an output's content.
 func Payload(name string, v uint64) []byte { return fmt.Appendf(nil, "%s %d", name, v) }

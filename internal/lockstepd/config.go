@@ -1,0 +1,185 @@
+package lockstepd
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// Config is lockstepd's configuration: flags, each also settable by an environment variable
+// LOCKSTEPD_<FLAG> (upper case, dashes as underscores); a flag given on the command line wins.
+type Config struct {
+	NodeName string
+	// ListenAddress is where the FT log is served; AdvertiseAddress is what peers dial (the
+	// node's logging-network address), published on the Node.
+	ListenAddress, AdvertiseAddress string
+	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs its
+	// peers' (the files of a cert-manager Secret). Files are read again when they change.
+	CertFile, KeyFile, CAFile string
+	Heartbeat, Timeout        time.Duration
+	Detect, ClaimTimeout      time.Duration
+	StatusInterval            time.Duration
+	WindowEntries             int
+	WindowBytes               int
+	// PaceThreshold: the primary is slowed while the vLockstep interval stays above it (0: never).
+	PaceThreshold                 time.Duration
+	MetricsAddress, HealthAddress string
+	// GateHook is where the kernel gate catches the VM's packets ("forward" for a tap on a
+	// bridge, "output" for a VM in the host's own stack).
+	GateHook string
+	// Engine names the VM engine.
+	Engine string
+}
+
+// BindFlags defines the flags.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NodeName, "node-name", "", "Name of this node (required; the DaemonSet passes spec.nodeName).")
+	fs.StringVar(&c.ListenAddress, "listen-address", ":7410", "Address the FT log is served on.")
+	fs.StringVar(&c.AdvertiseAddress, "advertise-address", "", "ip:port peers dial for this node's FT logs, on the logging network (required).")
+	fs.StringVar(&c.CertFile, "tls-cert-file", "/etc/lockstepd/tls/tls.crt", "The node's certificate (PEM).")
+	fs.StringVar(&c.KeyFile, "tls-key-file", "/etc/lockstepd/tls/tls.key", "The node's private key (PEM).")
+	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/tls/ca.crt", "The CA that signs every lockstepd's certificate (PEM).")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", channel.DefaultHeartbeat, "How often an idle side proves it is alive.")
+	fs.DurationVar(&c.Timeout, "timeout", channel.DefaultTimeout, "Silence after which a connection is dropped and reopened.")
+	fs.DurationVar(&c.Detect, "detect", 500*time.Millisecond, "Silence of the peer after which a side claims the pair's Lease.")
+	fs.DurationVar(&c.ClaimTimeout, "claim-timeout", 5*time.Second, "How long a side tries to reach the Lease before it fences itself.")
+	fs.DurationVar(&c.StatusInterval, "status-interval", 5*time.Second, "How often a pair's FaultTolerantVM status is refreshed (state changes are reported at once).")
+	fs.IntVar(&c.WindowEntries, "window-entries", ftlog.DefaultWindow.Entries, "Flow control: unacknowledged entries before the primary waits.")
+	fs.IntVar(&c.WindowBytes, "window-bytes", ftlog.DefaultWindow.Bytes, "Flow control: unacknowledged bytes before the primary waits.")
+	fs.DurationVar(&c.PaceThreshold, "pace-threshold", 100*time.Millisecond, "Slow the primary while the vLockstep interval stays above this (0: never).")
+	fs.StringVar(&c.MetricsAddress, "metrics-bind-address", ":9410", "Prometheus metrics address (0: off).")
+	fs.StringVar(&c.HealthAddress, "health-probe-bind-address", ":9411", "Health and readiness probes address (0: off).")
+	fs.StringVar(&c.GateHook, "gate-hook", "forward", "Where the kernel gate catches VM packets: forward or output.")
+	fs.StringVar(&c.Engine, "engine", "", "VM engine.")
+}
+
+// FromEnv sets every flag not given on the command line from its LOCKSTEPD_* variable.
+func FromEnv(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "LOCKSTEPD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !given[f.Name] {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", env, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// Validate says what is missing or wrong.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("--node-name is required"))
+	}
+	if c.AdvertiseAddress == "" {
+		errs = append(errs, errors.New("--advertise-address is required (this node's ip:port on the logging network)"))
+	}
+	if c.Detect <= c.Heartbeat {
+		errs = append(errs, fmt.Errorf("--detect (%s) must exceed --heartbeat (%s)", c.Detect, c.Heartbeat))
+	}
+	if c.GateHook != "forward" && c.GateHook != "output" {
+		errs = append(errs, fmt.Errorf("--gate-hook %q: want forward or output", c.GateHook))
+	}
+	return errors.Join(errs...)
+}
+
+// ChannelConfig is the channel configuration of a pair.
+func (c *Config) ChannelConfig(pair string, tc *tls.Config) channel.Config {
+	return channel.Config{Pair: pair, TLS: tc, Heartbeat: c.Heartbeat, Timeout: c.Timeout,
+		Window: ftlog.Window{Entries: c.WindowEntries, Bytes: c.WindowBytes}}
+}
+
+// certFiles serves the node's certificate, reading the files again when they change
+// (cert-manager renews them in place).
+type certFiles struct {
+	cfg  *Config
+	mu   sync.Mutex
+	mod  time.Time
+	cert *tls.Certificate
+	pool *x509.CertPool
+}
+
+func (f *certFiles) load() (*tls.Certificate, *x509.CertPool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var mod time.Time
+	for _, p := range []string{f.cfg.CertFile, f.cfg.KeyFile, f.cfg.CAFile} {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		if st.ModTime().After(mod) {
+			mod = st.ModTime()
+		}
+	}
+	if f.cert != nil && !mod.After(f.mod) {
+		return f.cert, f.pool, nil
+	}
+	cert, err := tls.LoadX509KeyPair(f.cfg.CertFile, f.cfg.KeyFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	ca, err := os.ReadFile(f.cfg.CAFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, nil, fmt.Errorf("%s holds no PEM certificate", f.cfg.CAFile)
+	}
+	f.cert, f.pool, f.mod = &cert, pool, mod
+	return f.cert, f.pool, nil
+}
+
+// tlsConfig is the node's TLS configuration for both directions: it presents the node's current
+// certificate and accepts peers signed by the current CA. Peers are verified against the CA only
+// (any lockstepd of the cluster may serve any pair; the Hello names the pair).
+func (f *certFiles) tlsConfig() (*tls.Config, error) {
+	if _, _, err := f.load(); err != nil {
+		return nil, err
+	}
+	verify := func(cs tls.ConnectionState) error {
+		_, pool, err := f.load()
+		if err != nil {
+			return err
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the peer sent no certificate")
+		}
+		opts := x509.VerifyOptions{Roots: pool, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
+		for _, c := range cs.PeerCertificates[1:] {
+			opts.Intermediates.AddCert(c)
+		}
+		_, err = cs.PeerCertificates[0].Verify(opts)
+		return err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c, _, err := f.load()
+			return c, err
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, _, err := f.load()
+			return c, err
+		},
+		// Verification is done by VerifyConnection against the CA read from disk, which may be
+		// renewed; names are not checked because peers are addressed by IP.
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+		ClientAuth:         tls.RequireAnyClientCert,
+		VerifyConnection:   verify,
+	}, nil
+}

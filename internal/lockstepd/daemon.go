@@ -1,0 +1,394 @@
+package lockstepd
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/arbiter"
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms/status,verbs=get;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// NewEngine makes the engine of a member VMI on this node.
+type NewEngine func(vmi *virtv1.VirtualMachineInstance) (Engine, error)
+
+// Daemon runs an agent for every FT member on its node.
+type Daemon struct {
+	Config    Config
+	Client    client.Client
+	NewEngine NewEngine
+
+	mux     *channel.Mux
+	tls     *tls.Config
+	changes chan event.GenericEvent
+	ready   chan struct{}
+
+	mu     sync.Mutex
+	agents map[types.NamespacedName]*member // by VMI
+	queues uint16
+}
+
+// member is a running agent and what the daemon remembers of it.
+type member struct {
+	agent  *Agent
+	pair   types.NamespacedName
+	role   string // the role the agent started in
+	cancel context.CancelFunc
+	done   chan struct{}
+	// reporting
+	reported   Status
+	reportedAt time.Time
+	bytes      uint64
+	syncMarked bool
+}
+
+// LeaseName is the name of a pair's Lease, in the FaultTolerantVM's namespace.
+func LeaseName(ftvm string) string { return "ft-" + ftvm }
+
+// SetupWithManager registers the daemon: the FT log listener, the member reconciler, the
+// metrics and the readiness check.
+func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
+	files := &certFiles{cfg: &d.Config}
+	tc, err := files.tlsConfig()
+	if err != nil {
+		return fmt.Errorf("loading the node's TLS files: %w", err)
+	}
+	d.tls = tc
+	d.mux = &channel.Mux{TLS: tc, Timeout: d.Config.Timeout}
+	d.changes = make(chan event.GenericEvent, 64)
+	d.ready = make(chan struct{})
+	d.agents = map[types.NamespacedName]*member{}
+	registerMetrics(d)
+	if err := mgr.Add(manager.RunnableFunc(d.serve)); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ft-log-listener", func(*http.Request) error {
+		select {
+		case <-d.ready:
+			return nil
+		default:
+			return errors.New("the FT log listener is not up")
+		}
+	}); err != nil {
+		return err
+	}
+	toPair := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request {
+		p := o.GetLabels()[ftv1.LabelPair]
+		if p == "" {
+			return nil
+		}
+		return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: p}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("lockstepd").
+		Watches(&virtv1.VirtualMachineInstance{}, toPair).
+		WatchesRawSource(source.Channel(d.changes, toPair)).
+		Complete(d)
+}
+
+// serve listens for FT log connections and publishes the advertised address on the Node.
+func (d *Daemon) serve(ctx context.Context) error {
+	ln, err := net.Listen("tcp", d.Config.ListenAddress)
+	if err != nil {
+		return fmt.Errorf("listening for FT logs on %s: %w", d.Config.ListenAddress, err)
+	}
+	if err := d.publishAddress(ctx); err != nil {
+		_ = ln.Close()
+		return err
+	}
+	close(d.ready)
+	log.FromContext(ctx).Info("serving FT logs", "listen", ln.Addr().String(), "advertise", d.Config.AdvertiseAddress)
+	err = d.mux.Serve(ctx, ln)
+	d.stopAll()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (d *Daemon) publishAddress(ctx context.Context) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		ftv1.AnnotationNodeLoggingAddress: d.Config.AdvertiseAddress}}})
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: d.Config.NodeName}}
+	for {
+		err := d.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch))
+		if err == nil {
+			return nil
+		}
+		log.FromContext(ctx).Error(err, "publishing the logging address on the Node; retrying")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// stopAll stops every agent (lockstepd is stopping) and waits for them.
+func (d *Daemon) stopAll() {
+	d.mu.Lock()
+	ms := make([]*member, 0, len(d.agents))
+	for _, m := range d.agents {
+		ms = append(ms, m)
+	}
+	d.mu.Unlock()
+	for _, m := range ms {
+		m.cancel()
+		<-m.done
+	}
+}
+
+// Reconcile brings the agents of one pair in line with its members on this node, and reports.
+func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var vmis virtv1.VirtualMachineInstanceList
+	if err := d.Client.List(ctx, &vmis, client.InNamespace(req.Namespace), client.MatchingLabels{ftv1.LabelPair: req.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	local := map[types.NamespacedName]*virtv1.VirtualMachineInstance{}
+	for i := range vmis.Items {
+		v := &vmis.Items[i]
+		if v.Status.NodeName == d.Config.NodeName && v.Status.Phase == virtv1.Running && v.DeletionTimestamp == nil {
+			local[client.ObjectKeyFromObject(v)] = v
+		}
+	}
+	d.stopGone(req.NamespacedName, local)
+
+	var errs []error
+	waiting := false
+	for key, vmi := range local {
+		m, err := d.ensureAgent(ctx, req.NamespacedName, vmi)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary && m.role == ftv1.RoleSecondary {
+			m.agent.Promote(ctx)
+		}
+		peer, found, err := d.peerOf(ctx, vmi, vmis.Items)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if found && peer.Addr == "" {
+			waiting = true
+		}
+		m.agent.SetPeer(ctx, peer)
+		errs = append(errs, d.settle(ctx, key, vmi, m))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	if waiting {
+		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+	}
+	if len(local) > 0 {
+		return ctrl.Result{RequeueAfter: d.Config.StatusInterval}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// stopGone stops the agents of the pair whose member left this node (or ended).
+func (d *Daemon) stopGone(pair types.NamespacedName, local map[types.NamespacedName]*virtv1.VirtualMachineInstance) {
+	d.mu.Lock()
+	var gone []*member
+	for key, m := range d.agents {
+		if m.pair == pair && local[key] == nil {
+			gone = append(gone, m)
+			delete(d.agents, key)
+		}
+	}
+	d.mu.Unlock()
+	for _, m := range gone {
+		m.cancel()
+		<-m.done
+	}
+}
+
+func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi *virtv1.VirtualMachineInstance) (*member, error) {
+	key := client.ObjectKeyFromObject(vmi)
+	d.mu.Lock()
+	m := d.agents[key]
+	d.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	engine, err := d.NewEngine(vmi)
+	if err != nil {
+		return nil, fmt.Errorf("making the VM engine of %s: %w", key, err)
+	}
+	role := vmi.Labels[ftv1.LabelRole]
+	identity := d.Config.NodeName + "/" + vmi.Name
+	d.mu.Lock()
+	d.queues++
+	queue := d.queues
+	d.mu.Unlock()
+	lg := log.FromContext(ctx).WithValues("vmi", key.String(), "identity", identity)
+	cfg := AgentConfig{
+		Pair: pair.String(), Identity: identity, Primary: role == ftv1.RolePrimary,
+		Channel: d.Config.ChannelConfig(pair.String(), d.tls),
+		Detect:  d.Config.Detect, ClaimTimeout: d.Config.ClaimTimeout, Log: lg,
+		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (KernelGate, error) {
+			return openKernelGate(ctx, iface, d.Config.GateHook, queue, position)
+		},
+		OnChange: func() {
+			select {
+			case d.changes <- event.GenericEvent{Object: vmi.DeepCopy()}:
+			default: // a reconcile of the pair is already due
+			}
+		},
+	}
+	if d.Config.PaceThreshold > 0 {
+		cfg.Pacer = &ftlog.Pacer{Threshold: d.Config.PaceThreshold}
+	}
+	arb := &arbiter.Arbiter{Client: d.Client, Identity: identity, Timeout: time.Second,
+		Lease: types.NamespacedName{Namespace: pair.Namespace, Name: LeaseName(pair.Name)}}
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m = &member{agent: NewAgent(cfg, engine, arb, d.mux), pair: pair, role: role, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		err := m.agent.Run(actx)
+		if errors.Is(err, ErrFenced) {
+			lg.Info("the member was fenced; its VMI will be deleted", "why", m.agent.Status().Message)
+			cfg.OnChange()
+		}
+	}()
+	d.mu.Lock()
+	d.agents[key] = m
+	d.mu.Unlock()
+	lg.Info("started", "role", role)
+	return m, nil
+}
+
+// peerOf finds the member a primary streams to: the pair's secondary, on another node.
+func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance, all []virtv1.VirtualMachineInstance) (Peer, bool, error) {
+	for i := range all {
+		v := &all[i]
+		if v.Name == self.Name || v.DeletionTimestamp != nil || v.Labels[ftv1.LabelRole] != ftv1.RoleSecondary ||
+			v.Status.NodeName == "" || v.Status.NodeName == d.Config.NodeName || v.Status.Phase != virtv1.Running {
+			continue
+		}
+		p := Peer{VMI: v.Name, Node: v.Status.NodeName}
+		node := &corev1.Node{}
+		if err := d.Client.Get(ctx, types.NamespacedName{Name: p.Node}, node); err != nil {
+			return p, true, client.IgnoreNotFound(err)
+		}
+		p.Addr = node.Annotations[ftv1.AnnotationNodeLoggingAddress]
+		return p, true, nil
+	}
+	return Peer{}, false, nil
+}
+
+// settle carries out what the agent's state asks of the API: mark a synchronized secondary,
+// delete a fenced member, report.
+func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virtv1.VirtualMachineInstance, m *member) error {
+	st := m.agent.Status()
+	if st.State == failover.Fenced {
+		// A fenced member's VM is stopped for good; deleting its VMI lets the operator replace it.
+		err := d.Client.Delete(ctx, vmi, client.Preconditions{UID: &vmi.UID})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting fenced member %s: %w", key, err)
+		}
+	}
+	if st.Synced && !m.syncMarked && vmi.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
+		if _, ok := vmi.Annotations[ftv1.AnnotationSyncedAt]; !ok {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+				ftv1.AnnotationSyncedAt: time.Now().UTC().Format(time.RFC3339)}}})
+			if err := d.Client.Patch(ctx, vmi, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				return fmt.Errorf("marking %s synchronized: %w", key, err)
+			}
+		}
+		m.syncMarked = true
+	}
+	return d.report(ctx, m, st)
+}
+
+// report writes the agent's side into the FaultTolerantVM's status: at once when the state
+// changed, otherwise at most every StatusInterval.
+func (d *Daemon) report(ctx context.Context, m *member, st Status) error {
+	now := time.Now()
+	prev := m.reported
+	changed := prev.State != st.State || prev.Synced != st.Synced || prev.Connected != st.Connected || prev.Epoch != st.Epoch
+	if !changed && now.Sub(m.reportedAt) < d.Config.StatusInterval {
+		return nil
+	}
+	vmi := st.Identity[len(d.Config.NodeName)+1:]
+	side := ftv1.SideStatus{
+		VMI: vmi, Node: d.Config.NodeName, State: ftv1.SideState(st.State.String()),
+		Since: &metav1.Time{Time: st.Since}, Epoch: int64(st.Epoch), Synchronized: st.Synced,
+		Connected: st.Connected, HeldOutputs: int32(st.Held), Message: st.Message,
+		ReportTime: metav1.NewTime(now),
+	}
+	if !st.LastHeard.IsZero() {
+		side.LastHeartbeatTime = &metav1.Time{Time: st.LastHeard}
+	}
+	status := map[string]any{}
+	if st.RunsVM || m.role == ftv1.RolePrimary {
+		repl := map[string]any{"primary": side}
+		if m.role == ftv1.RoleSecondary && !prev.RunsVM {
+			repl["secondary"] = nil // this side's report as the secondary it no longer is
+		}
+		status["replication"] = repl
+		if st.Interval > 0 {
+			status["vLockstepInterval"] = metav1.Duration{Duration: st.Interval}
+		}
+		if !m.reportedAt.IsZero() && st.BytesLogged >= m.bytes {
+			rate := float64(st.BytesLogged-m.bytes) / now.Sub(m.reportedAt).Seconds()
+			status["logBandwidth"] = resource.NewQuantity(int64(rate), resource.DecimalSI)
+		}
+	} else {
+		status["replication"] = map[string]any{"secondary": side}
+	}
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: m.pair.Namespace, Name: m.pair.Name}}
+	if err := d.Client.Status().Patch(ctx, ftvm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	m.reported, m.reportedAt, m.bytes = st, now, st.BytesLogged
+	return nil
+}
+
+// Statuses returns every agent's snapshot (for the metrics).
+func (d *Daemon) Statuses() []Status {
+	d.mu.Lock()
+	ms := make([]*member, 0, len(d.agents))
+	for _, m := range d.agents {
+		ms = append(ms, m)
+	}
+	d.mu.Unlock()
+	out := make([]Status, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.agent.Status())
+	}
+	return out
+}

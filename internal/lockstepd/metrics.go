@@ -1,0 +1,65 @@
+package lockstepd
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/lockstep-dev/lockstep/internal/failover"
+)
+
+// collector reads every agent's status at scrape time, so that the metrics never disagree with
+// the agents.
+type collector struct{ d *Daemon }
+
+var (
+	metricLabels = []string{"pair", "vmi"}
+	descState    = prometheus.NewDesc("lockstepd_side_state", "1 for the state a side of a pair is in (Protected, Replicating, Claiming, Alone, Fenced), 0 for the others.", append(metricLabels, "state"), nil)
+	descInterval = prometheus.NewDesc("lockstepd_vlockstep_interval_seconds", "How far the secondary trails the primary (moving average), measured on the primary.", metricLabels, nil)
+	descBytes    = prometheus.NewDesc("lockstepd_log_bytes_total", "FT log entry bytes sent by the primary.", metricLabels, nil)
+	descHeld     = prometheus.NewDesc("lockstepd_held_outputs", "Outputs waiting for the secondary's acknowledgement.", metricLabels, nil)
+	descConn     = prometheus.NewDesc("lockstepd_connected", "1 while the side's FT log connection is up.", metricLabels, nil)
+	descSilence  = prometheus.NewDesc("lockstepd_peer_last_heard_timestamp_seconds", "When the peer was last heard.", metricLabels, nil)
+	descFailover = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
+	descEpoch    = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
+	descPace     = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
+)
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace} {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.d.Statuses() {
+		vmi := st.Identity[strings.IndexByte(st.Identity, '/')+1:]
+		l := []string{st.Pair, vmi}
+		for s := failover.Protected; s <= failover.Fenced; s++ {
+			v := 0.0
+			if s == st.State {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, append(l, s.String())...)
+		}
+		ch <- prometheus.MustNewConstMetric(descInterval, prometheus.GaugeValue, st.Interval.Seconds(), l...)
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.BytesLogged), l...)
+		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(st.Held), l...)
+		conn := 0.0
+		if st.Connected {
+			conn = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descConn, prometheus.GaugeValue, conn, l...)
+		if !st.LastHeard.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descSilence, prometheus.GaugeValue, float64(st.LastHeard.UnixNano())/1e9, l...)
+		}
+		ch <- prometheus.MustNewConstMetric(descFailover, prometheus.CounterValue, float64(st.Failovers), l...)
+		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(st.Epoch), l...)
+		ch <- prometheus.MustNewConstMetric(descPace, prometheus.GaugeValue, st.PaceDelay.Seconds(), l...)
+	}
+}
+
+func registerMetrics(d *Daemon) {
+	_ = metrics.Registry.Register(collector{d})
+}
