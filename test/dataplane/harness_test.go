@@ -161,7 +161,9 @@ func newCluster(t *testing.T, n int) *cluster {
 		if err := k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.name}}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = k8s.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.name}}) })
+		t.Cleanup(func() {
+			_ = k8s.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.name}})
+		})
 		c.nodes = append(c.nodes, nd)
 	}
 	guest := resource.MustParse("64Mi")
