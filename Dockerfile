@@ -1,4 +1,4 @@
-# Builds the operator image: docker build -t lockstep-operator .
+# Builds the image of the operator and of lockstepd (/lockstepd): docker build -t lockstep-operator .
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -7,9 +7,11 @@ COPY api/ api/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY internal/ internal/
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstep-operator ./cmd/lockstep-operator
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstep-operator ./cmd/lockstep-operator && \
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstepd ./cmd/lockstepd
 
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/lockstep-operator /lockstep-operator
+COPY --from=build /out/lockstepd /lockstepd
 USER 65532:65532
 ENTRYPOINT ["/lockstep-operator"]

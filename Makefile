@@ -32,6 +32,7 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the Go 
 		paths="./api/..." paths="./controllers/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	go run ./hack/crdtrim config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml
+	$(CONTROLLER_GEN) rbac:roleName=lockstepd paths="./internal/lockstepd/..." output:rbac:artifacts:config=config/lockstepd/rbac
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate the deepcopy functions.
@@ -60,7 +61,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-e2e ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-dataplane test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel; the KubeVirt test double.
@@ -70,6 +71,10 @@ test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, val
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
 	go test -race -count=1 ./internal/arbiter/...
 	go test -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
+
+.PHONY: test-dataplane
+test-dataplane: envtest-assets test-crds ## lockstepd processes in network namespaces with Toxiproxy in the log path, kill -9, partitions, the API server cut (needs root).
+	go test -count=1 -timeout 15m -v ./test/dataplane/...
 
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
@@ -104,10 +109,12 @@ test-crds: ## Produce the KubeVirt, Multus, cert-manager and monitoring CRDs for
 .PHONY: installer
 installer: manifests $(KUSTOMIZE) ## Render config/default (CRD, RBAC, operator) into bin/install.yaml.
 	$(KUSTOMIZE) build config/default > $(BIN)/install.yaml
+	$(KUSTOMIZE) build config/lockstepd > $(BIN)/install-lockstepd.yaml
 
 .PHONY: build
 build: ## Build the binaries into bin/ (and the KubeVirt test double of the local cluster).
 	go build -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
+	go build -o $(BIN)/lockstepd ./cmd/lockstepd
 	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
 
 .PHONY: run

@@ -33,11 +33,9 @@ import (
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
-// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get;list;watch
-// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms/status,verbs=get;patch
+// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms/status,verbs=patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // NewEngine makes the engine of a member VMI on this node.
 type NewEngine func(vmi *virtv1.VirtualMachineInstance) (Engine, error)
