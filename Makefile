@@ -81,8 +81,9 @@ test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); 
 	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: bench
-bench: ## Data-plane benchmarks side by side with their baselines (TCP, TLS, round trip), as ratios.
-	go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ | go run ./hack/benchreport
+bench: envtest-assets test-crds ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills.
+	{ go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ && \
+	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/; } | go run ./hack/benchreport
 
 .PHONY: demo
 demo: ## Start a 6-node local cluster, protect the samples, kill a node, show the failover; KEEP=1 leaves it up.

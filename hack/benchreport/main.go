@@ -13,8 +13,23 @@ import (
 	"strings"
 )
 
-// line matches "BenchmarkX/path/kind-2   N   123 ns/op   4.5 unit ..." and captures the name.
-var line = regexp.MustCompile(`^Benchmark(\w+)/([\w-]+)/(\w+)(?:-\d+)?\s+\d+\s+(.*)$`)
+// line matches "BenchmarkX/path/kind-2   N   123 ns/op   4.5 unit ..." and captures the name;
+// single matches a benchmark without sub-benchmarks ("BenchmarkFailover-2  N  ...").
+var (
+	line   = regexp.MustCompile(`^Benchmark(\w+)/([\w-]+)/(\w+)(?:-\d+)?\s+\d+\s+(.*)$`)
+	single = regexp.MustCompile(`^Benchmark(\w+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+)
+
+func parseMetrics(s string) map[string]float64 {
+	fields := strings.Fields(s)
+	m := map[string]float64{}
+	for i := 0; i+1 < len(fields); i += 2 {
+		if v, err := strconv.ParseFloat(fields[i], 64); err == nil {
+			m[fields[i+1]] = v
+		}
+	}
+	return m
+}
 
 func main() {
 	metrics := map[string]map[string]float64{} // "bench/path/kind" -> unit -> value
@@ -24,17 +39,14 @@ func main() {
 		fmt.Println(sc.Text()) // pass the raw output through
 		m := line.FindStringSubmatch(sc.Text())
 		if m == nil {
+			if m := single.FindStringSubmatch(sc.Text()); m != nil {
+				metrics[m[1]] = parseMetrics(m[2])
+			}
 			continue
 		}
 		key := m[1] + "/" + m[2] + "/" + m[3]
 		paths[m[2]] = true
-		fields := strings.Fields(m[4])
-		metrics[key] = map[string]float64{}
-		for i := 0; i+1 < len(fields); i += 2 {
-			if v, err := strconv.ParseFloat(fields[i], 64); err == nil {
-				metrics[key][fields[i+1]] = v
-			}
-		}
+		metrics[key] = parseMetrics(m[4])
 	}
 	names := make([]string, 0, len(paths))
 	for p := range paths {
@@ -67,6 +79,10 @@ func main() {
 			continue
 		}
 		fmt.Printf("%-10s %9.0f %9.0f %10.0f %10.0f %10s %10s\n", p, r50, r99, g50, g99, ratio(g50, r50), ratio(g99, r99))
+	}
+	if f := metrics["Failover"]; f != nil {
+		fmt.Printf("\nFailure detection to go-live (kill -9 of the primary's lockstepd to the first output of the secondary gone live), %.0f kills, --detect %.0f ms\n", f["kills"], f["detect-ms"])
+		fmt.Printf("p50 %.0f ms   p90 %.0f ms   p99 %.0f ms   max %.0f ms   p50/detect %s\n", f["p50-ms"], f["p90-ms"], f["p99-ms"], f["max-ms"], ratio(f["p50-ms"], f["detect-ms"]))
 	}
 	if err := sc.Err(); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/gate"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/faultproxy"
 	"github.com/lockstep-dev/lockstep/test/pki"
 )
 
@@ -30,19 +31,7 @@ type path struct {
 }
 
 func paths(tb testing.TB) []path {
-	lo := path{name: "loopback",
-		listen: func(tb testing.TB) net.Listener {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return ln
-		},
-		dial: func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		},
-	}
+	lo := loopback()
 	link := testnet.NewLink(tb)
 	veth := path{name: "veth",
 		listen: func(tb testing.TB) net.Listener {
@@ -66,6 +55,46 @@ func paths(tb testing.TB) []path {
 		},
 	}
 	return []path{lo, veth}
+}
+
+func loopback() path {
+	return path{name: "loopback",
+		listen: func(tb testing.TB) net.Listener {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return ln
+		},
+		dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		},
+	}
+}
+
+// proxied is loopback through an in-process Toxiproxy that delays each direction by delay: the
+// fault proxy of the data-plane tests, here to add 100 µs or 1 ms to a path.
+func proxied(name string, delay time.Duration) path {
+	lo := loopback()
+	return path{name: name,
+		listen: func(tb testing.TB) net.Listener {
+			ln := lo.listen(tb)
+			return proxiedListener{ln, faultproxy.Start(tb, ln.Addr().String(), delay)}
+		},
+		dial: lo.dial,
+	}
+}
+
+// proxiedListener accepts on the real listener but gives the proxy's address to dial.
+type proxiedListener struct {
+	net.Listener
+	addr string
+}
+
+func (l proxiedListener) Addr() net.Addr {
+	a, _ := net.ResolveTCPAddr("tcp", l.addr)
+	return a
 }
 
 const benchEntry = 16 << 10 // bytes per log entry / write
@@ -162,7 +191,8 @@ func benchPair(b *testing.B, ctx context.Context, p path, ca *pki.CA, w ftlog.Wi
 // the round trip of a raw TCP ping-pong on the same path.
 func BenchmarkGatedOutputLatency(b *testing.B) {
 	ca := pki.New(b, "bench-ca")
-	for _, p := range paths(b) {
+	all := append(paths(b), proxied("proxy-0us", 0), proxied("proxy-100us", 100*time.Microsecond), proxied("proxy-1ms", time.Millisecond))
+	for _, p := range all {
 		b.Run(p.name+"/rtt", func(b *testing.B) { rttLatency(b, p) })
 		b.Run(p.name+"/gated", func(b *testing.B) { gatedLatency(b, p, ca) })
 	}

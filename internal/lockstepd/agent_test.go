@@ -199,7 +199,7 @@ func TestSecondaryGoesLiveWhenPrimaryDies(t *testing.T) {
 	p.protect(t)
 	time.Sleep(100 * time.Millisecond)
 	p.a.cancel() // the primary's node dies: its lockstepd and VM stop at once
-	p.a.ln.Close()
+	_ = p.a.ln.Close()
 	waitState(t, p.b, failover.Alone)
 	time.Sleep(100 * time.Millisecond)
 	runs, maxes, err := p.outs.snapshot()
@@ -235,7 +235,7 @@ func TestPartitionWithoutArbiterFencesBoth(t *testing.T) {
 	p.lease.mu.Unlock()
 	// The secondary is told to take over (as the operator would after losing the primary's
 	// node): it stops following, so the primary hears nothing either; neither reaches the Lease.
-	p.b.ln.Close()
+	_ = p.b.ln.Close()
 	p.b.agent.Promote(context.Background())
 	waitState(t, p.b, failover.Fenced)
 	waitState(t, p.a, failover.Fenced)

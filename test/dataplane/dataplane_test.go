@@ -21,7 +21,7 @@ import (
 //     its predecessor showed;
 //   - no entry lost or applied twice: within one log, a secondary applies every value once, in order;
 //   - output commit: every output a protected primary released was held by another side first.
-func checkInvariants(t *testing.T, c *cluster) {
+func checkInvariants(t testing.TB, c *cluster) {
 	t.Helper()
 	outs := c.obs.all()
 	if len(outs) == 0 {
@@ -81,7 +81,7 @@ func checkInvariants(t *testing.T, c *cluster) {
 	t.Logf("invariants hold: %d outputs in runs %v, %d applied entries, %d gated outputs checked against the secondary", len(outs), runs, len(applies), checked)
 }
 
-func traceHas(t *testing.T, c *cluster, line string) bool {
+func traceHas(t testing.TB, c *cluster, line string) bool {
 	for _, nd := range c.nodes {
 		b, err := os.ReadFile(nd.trace)
 		if err == nil && strings.Contains(string(b), line+"\n") {

@@ -100,7 +100,7 @@ const (
 
 // cluster is one test's nodes, their lockstepd processes, the fault proxy and the observer.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	ns    string
 	star  *testnet.Star
 	nodes []*node
@@ -124,7 +124,7 @@ type node struct {
 func (n *node) advertise() string { return n.data.BAddr + ":7000" }
 
 // newCluster makes n nodes ("a", "b", ...), a FaultTolerantVM "vm" and no lockstepd yet.
-func newCluster(t *testing.T, n int) *cluster {
+func newCluster(t testing.TB, n int) *cluster {
 	t.Helper()
 	id := testSeq.Add(1)
 	c := &cluster{t: t, ns: fmt.Sprintf("dp-%d", id), star: testnet.NewStar(t, n), dir: t.TempDir()}
@@ -196,7 +196,7 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func logFile(t *testing.T, dir, name string) *os.File {
+func logFile(t testing.TB, dir, name string) *os.File {
 	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +205,7 @@ func logFile(t *testing.T, dir, name string) *os.File {
 	return f
 }
 
-func writeKubeconfig(t *testing.T, dir, name, server string) string {
+func writeKubeconfig(t testing.TB, dir, name, server string) string {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: "https://" + server, CertificateAuthorityData: restCfg.CAData, TLSServerName: "localhost"}
 	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: restCfg.CertData, ClientKeyData: restCfg.KeyData, Token: restCfg.BearerToken}
@@ -333,7 +333,7 @@ func (c *cluster) protect() {
 	eventually(c.t, "outputs of the protected primary", 10*time.Second, func() bool { return c.obs.count("a") > c.obs.protectedFrom("a")+50 })
 }
 
-func eventually(t *testing.T, what string, within time.Duration, ok func() bool) {
+func eventually(t testing.TB, what string, within time.Duration, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !ok() {
@@ -358,7 +358,7 @@ type output struct {
 	mono int64
 }
 
-func newObserver(t *testing.T, ns string) *observer {
+func newObserver(t testing.TB, ns string) *observer {
 	o := &observer{protected: map[string]uint64{}, until: map[string]uint64{}}
 	var pc net.PacketConn
 	testnet.In(t, ns, func() {
@@ -455,7 +455,7 @@ type applied struct {
 	mono   int64
 }
 
-func readTraces(t *testing.T, c *cluster) []applied {
+func readTraces(t testing.TB, c *cluster) []applied {
 	var out []applied
 	for _, nd := range c.nodes {
 		f, err := os.Open(nd.trace)
@@ -475,4 +475,25 @@ func readTraces(t *testing.T, c *cluster) []applied {
 		_ = f.Close()
 	}
 	return out
+}
+
+// first is when the observer first saw an output of vm (0: never).
+func (o *observer) first(vm string) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, x := range o.outs {
+		if x.vm == vm {
+			return x.mono
+		}
+	}
+	return 0
+}
+
+// deleteMember deletes a member VMI, as the operator does with a member it lost.
+func (c *cluster) deleteMember(name string) {
+	c.t.Helper()
+	vmi := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: name}}
+	if err := k8s.Delete(context.Background(), vmi); client.IgnoreNotFound(err) != nil {
+		c.t.Fatal(err)
+	}
 }
