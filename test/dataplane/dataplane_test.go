@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,6 +99,15 @@ func TestKill9PrimaryFailsOverWithNothingLost(t *testing.T) {
 	c := newCluster(t, 3)
 	c.protect()
 	_, epoch := c.lease()
+	if code, body := c.get(c.nodes[0], "http://127.0.0.1:9411/readyz"); code != 200 {
+		t.Fatalf("readyz of the primary's lockstepd: %d %s", code, body)
+	}
+	_, metrics := c.get(c.nodes[0], "http://127.0.0.1:9410/metrics")
+	for _, want := range []string{`lockstepd_side_state{pair="` + c.ns + `/vm",state="Protected",vmi="a"} 1`, `lockstepd_log_bytes_total{pair="` + c.ns + `/vm",vmi="a"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("the primary's metrics lack %s:\n%s", want, metrics)
+		}
+	}
 
 	killed := vmdouble.Monotonic()
 	c.kill(c.nodes[0])
@@ -264,5 +274,34 @@ func TestAPIServerDownDuringPartition(t *testing.T) {
 	c.nodes[0].api(true)
 	c.nodes[1].api(true)
 	eventually(t, "both fenced members delete their VMIs", 20*time.Second, func() bool { return !c.vmiExists("a") && !c.vmiExists("b") })
+	checkInvariants(t, c)
+}
+
+// TestGracefulShutdown stops the secondary's lockstepd with SIGTERM: it exits cleanly and at
+// once, and the primary, which no longer hears it, wins the Lease and goes on alone.
+func TestGracefulShutdown(t *testing.T) {
+	c := newCluster(t, 2)
+	c.protect()
+	_, epoch := c.lease()
+	sec := c.nodes[1].cmd
+	c.obs.faultNow("a")
+	if err := sec.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sec.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("lockstepd exited with %v after SIGTERM", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("lockstepd did not exit within 10s of SIGTERM")
+	}
+	eventually(t, "the primary goes on alone", 10*time.Second, func() bool {
+		p := c.primaryReport()
+		_, e := c.lease()
+		return p != nil && p.VMI == "a" && p.State == "Alone" && e == epoch+1
+	})
 	checkInvariants(t, c)
 }

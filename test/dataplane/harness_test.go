@@ -13,7 +13,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,7 +229,7 @@ func (c *cluster) start(nd *node) {
 		"--tls-ca-file", filepath.Join(nd.tlsDir, "ca.crt"),
 		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(),
 		"--claim-timeout", "2s", "--status-interval", "500ms",
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "127.0.0.1:9411",
+		"--metrics-bind-address", "127.0.0.1:9410", "--health-probe-bind-address", "127.0.0.1:9411",
 		"--gate-hook", "output",
 		"--vmdouble-output", nd.vm.BAddr + ":9000", "--vmdouble-interface", nd.vm.AIf,
 		"--vmdouble-trace", nd.trace, "--vmdouble-step", "1ms",
@@ -475,6 +477,28 @@ func readTraces(t testing.TB, c *cluster) []applied {
 		_ = f.Close()
 	}
 	return out
+}
+
+// get fetches a URL from inside the node's namespace (its lockstepd's metrics and probes).
+func (c *cluster) get(nd *node, url string) (int, string) {
+	c.t.Helper()
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
+		if e := testnet.Enter(nd.leaf, func() {
+			var d net.Dialer
+			conn, err = d.DialContext(ctx, network, addr)
+		}); e != nil {
+			return nil, e
+		}
+		return conn, err
+	}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // first is when the observer first saw an output of vm (0: never).
