@@ -3,7 +3,6 @@ package channel
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"net"
 	"sync"
 	"time"
@@ -55,39 +54,20 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		raw, err := ln.Accept()
+	return serve(ctx, ln, func(raw net.Conn) {
+		c, peer, stopConn, err := accept(ctx, raw, m.TLS, timeout)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
+			return
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, peer, stopConn, err := accept(ctx, raw, m.TLS, timeout)
-			if err != nil {
-				return
-			}
-			defer stopConn()
-			m.mu.Lock()
-			s := m.byID[peer.Pair]
-			if s == nil {
-				m.unknown++
-			}
-			m.mu.Unlock()
-			if s != nil {
-				_ = s.serveConn(ctx, c, peer)
-			}
-		}()
-	}
+		defer stopConn()
+		m.mu.Lock()
+		s := m.byID[peer.Pair]
+		if s == nil {
+			m.unknown++
+		}
+		m.mu.Unlock()
+		if s != nil {
+			_ = s.serveConn(ctx, c, peer)
+		}
+	})
 }

@@ -28,7 +28,7 @@ type Link struct {
 	AAddr, BAddr string
 }
 
-var seq atomic.Int32
+var seq, nsSeq atomic.Int32
 
 // ip runs the ip command.
 func ip(tb testing.TB, args ...string) {
@@ -41,29 +41,8 @@ func ip(tb testing.TB, args ...string) {
 // NewLink makes a new pair of namespaces joined by a veth pair, on subnet 10.213.<n>.0/24.
 func NewLink(tb testing.TB) *Link {
 	tb.Helper()
-	n := seq.Add(1)
-	id := strconv.Itoa(os.Getpid()%10000) + "x" + strconv.Itoa(int(n))
-	net3 := strconv.Itoa(int(n) % 250)
-	l := &Link{A: "lst-a-" + id, B: "lst-b-" + id, AIf: "lst" + id + "a", BIf: "lst" + id + "b",
-		AAddr: "10.213." + net3 + ".1", BAddr: "10.213." + net3 + ".2"}
-	for _, ns := range []string{l.A, l.B} {
-		ip(tb, "netns", "add", ns)
-		tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-		In(tb, ns, func() {
-			for _, conf := range []string{"all", "default"} {
-				if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o644); err != nil {
-					tb.Fatal(err)
-				}
-			}
-		})
-		ip(tb, "-n", ns, "link", "set", "lo", "up")
-	}
-	ip(tb, "-n", l.A, "link", "add", l.AIf, "type", "veth", "peer", "name", l.BIf, "netns", l.B)
-	ip(tb, "-n", l.A, "addr", "add", l.AAddr+"/24", "dev", l.AIf)
-	ip(tb, "-n", l.B, "addr", "add", l.BAddr+"/24", "dev", l.BIf)
-	ip(tb, "-n", l.A, "link", "set", l.AIf, "up")
-	ip(tb, "-n", l.B, "link", "set", l.BIf, "up")
-	return l
+	b := newNS(tb)
+	return linkTo(tb, b)
 }
 
 // NetNSPath is the path of a namespace made by NewLink.
@@ -144,23 +123,27 @@ func NewStar(tb testing.TB, n int) *Star {
 	return s
 }
 
-// linkTo makes a new namespace joined to an existing one (the new one is A).
-func linkTo(tb testing.TB, b string) *Link {
+// newNS makes a namespace with its loopback up and IPv6 off, removed when the test ends.
+func newNS(tb testing.TB) string {
 	tb.Helper()
-	n := seq.Add(1)
-	id := strconv.Itoa(os.Getpid()%10000) + "x" + strconv.Itoa(int(n))
-	a := "lst-a-" + id
-	ip(tb, "netns", "add", a)
-	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", a).Run() })
-	In(tb, a, func() {
+	ns := "lst-" + strconv.Itoa(os.Getpid()%10000) + "n" + strconv.Itoa(int(nsSeq.Add(1)))
+	ip(tb, "netns", "add", ns)
+	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	In(tb, ns, func() {
 		for _, conf := range []string{"all", "default"} {
 			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o644); err != nil {
 				tb.Fatal(err)
 			}
 		}
 	})
-	ip(tb, "-n", a, "link", "set", "lo", "up")
-	return veth(tb, a, b, id, n)
+	ip(tb, "-n", ns, "link", "set", "lo", "up")
+	return ns
+}
+
+// linkTo makes a new namespace joined to an existing one (the new one is A).
+func linkTo(tb testing.TB, b string) *Link {
+	tb.Helper()
+	return linkBetween(tb, newNS(tb), b)
 }
 
 // linkBetween joins two existing namespaces with a new veth pair.

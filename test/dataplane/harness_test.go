@@ -394,14 +394,9 @@ func newObserver(t testing.TB, ns string) *observer {
 // secondary's acknowledgement. (Outputs it logged while it ran alone left at once; the margin
 // covers those still in flight when the test read the status.)
 func (o *observer) markProtected(vm string) {
+	hi := o.count(vm)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var hi uint64
-	for _, x := range o.outs {
-		if x.vm == vm {
-			hi = max(hi, x.v)
-		}
-	}
 	o.protected[vm] = hi + 100
 }
 
@@ -432,6 +427,7 @@ func (o *observer) protectedFrom(vm string) uint64 {
 	return o.protected[vm]
 }
 
+// count is the highest value of vm's outputs seen so far (its outputs count up from 1).
 func (o *observer) count(vm string) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
