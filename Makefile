@@ -64,8 +64,8 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 test: verify vet lint test-unit test-envtest test-dataplane test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
-test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel; the KubeVirt test double.
-	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/...
+test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
+	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.

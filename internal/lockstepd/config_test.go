@@ -1,0 +1,85 @@
+package lockstepd
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/test/pki"
+)
+
+func TestFlagsFromEnvironmentAndCommandLine(t *testing.T) {
+	fs := flag.NewFlagSet("lockstepd", flag.ContinueOnError)
+	var c Config
+	c.BindFlags(fs)
+	t.Setenv("LOCKSTEPD_NODE_NAME", "node-7")
+	t.Setenv("LOCKSTEPD_DETECT", "250ms")
+	t.Setenv("LOCKSTEPD_ADVERTISE_ADDRESS", "10.0.0.7:7410")
+	if err := fs.Parse([]string{"--advertise-address", "192.0.2.7:7410"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := FromEnv(fs); err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeName != "node-7" || c.Detect != 250*time.Millisecond {
+		t.Fatalf("the environment was not applied: %+v", c)
+	}
+	if c.AdvertiseAddress != "192.0.2.7:7410" {
+		t.Fatalf("the command line must win over the environment: %s", c.AdvertiseAddress)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("LOCKSTEPD_HEARTBEAT", "a while")
+	if err := FromEnv(fs); err == nil || !strings.Contains(err.Error(), "LOCKSTEPD_HEARTBEAT") {
+		t.Fatalf("a bad variable must be named: %v", err)
+	}
+}
+
+func TestValidateNamesEveryProblem(t *testing.T) {
+	c := Config{Heartbeat: time.Second, Detect: 500 * time.Millisecond, GateHook: "postrouting"}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("an empty configuration passed")
+	}
+	for _, want := range []string{"--node-name", "--advertise-address", "--detect", "--gate-hook"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not name %s: %v", want, err)
+		}
+	}
+}
+
+// TestCertificatesAreReadAgainWhenRenewed replaces the files (as cert-manager renews a Secret):
+// the next handshake presents the new certificate and trusts the new CA.
+func TestCertificatesAreReadAgainWhenRenewed(t *testing.T) {
+	dir := t.TempDir()
+	pki.New(t, "ca-1").WriteFiles(t, dir, "lockstepd")
+	c := Config{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), CAFile: filepath.Join(dir, "ca.crt")}
+	files := &certFiles{cfg: &c}
+	first, pool1, err := files.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _, _ := files.load(); again != first {
+		t.Fatal("unchanged files were read again")
+	}
+	time.Sleep(10 * time.Millisecond) // a newer modification time
+	pki.New(t, "ca-2").WriteFiles(t, dir, "lockstepd")
+	now := time.Now()
+	for _, f := range []string{c.CertFile, c.KeyFile, c.CAFile} {
+		if err := os.Chtimes(f, now, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, pool2, err := files.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second == first || pool2.Equal(pool1) {
+		t.Fatal("renewed files were not read again")
+	}
+}
