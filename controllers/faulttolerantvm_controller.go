@@ -227,7 +227,26 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 			}
 		}
 	}
+	s.judgeReplication()
 	return s, nil
+}
+
+// judgeReplication applies lockstepd's reports: it sees a lost peer long before the node
+// lifecycle does, and a secondary that went live holds the Lease, so its primary is lost at once.
+func (s *scope) judgeReplication() {
+	name := func(mv *memberView) string {
+		if mv == nil {
+			return ""
+		}
+		return mv.vmi.Name
+	}
+	p, sec := health.FromReplication(s.ftvm.Status.Replication, name(s.primary), name(s.secondary))
+	if p != nil {
+		s.primary.verdict = *p
+	}
+	if sec != nil {
+		s.secondary.verdict = *sec
+	}
 }
 
 // phaseValidate records whether the spec can be protected. An invalid spec only stops new pairs:

@@ -292,6 +292,22 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(failoverMetric(ns, "vm")).To(Equal(1.0))
 		})
 
+		It("promotes the secondary as soon as lockstepd reports it live, before the node lifecycle sees anything", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// What the secondary's lockstepd writes once it won the pair's Lease.
+			patch := fmt.Sprintf(`{"status":{"replication":{"primary":{"vmi":%q,"node":%q,"state":"Alone","epoch":3,"reportTime":%q}}}}`,
+				oldSecondary.VMI, oldSecondary.Node, time.Now().UTC().Format(time.RFC3339))
+			Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+
+			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
+			after := waitFor(ns, "vm", "protected by a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != oldSecondary.VMI
+			})
+			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI), "the live secondary is promoted")
+			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
+			Expect(eventMessages(ns, "vm", ftv1.ReasonPromoted)).To(ContainSubstring("lockstepd reports secondary " + oldSecondary.VMI))
+		})
+
 		It("starts a new secondary when the secondary's node is deleted", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
 			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: oldSecondary.Node}})).To(Succeed())

@@ -8,7 +8,9 @@
 //     period;
 //   - KubeVirt reports its pod terminating or gone (the VMI's Ready condition with reason
 //     PodTerminating or PodNotExists);
-//   - the VMI has ended (Succeeded or Failed) or is being deleted.
+//   - the VMI has ended (Succeeded or Failed) or is being deleted;
+//   - lockstepd reports it fenced, or, for a primary, reports its secondary live
+//     (FromReplication).
 package health
 
 import (
@@ -17,6 +19,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 )
 
 // State of a member.
@@ -152,4 +156,39 @@ func NodeAvailable(node *corev1.Node, tolerates func(*corev1.Taint) bool) string
 		}
 	}
 	return ""
+}
+
+// Reasons lockstepd's reports give.
+const (
+	// ReasonSecondaryWentLive: the primary's secondary won the pair's Lease and runs the VM.
+	ReasonSecondaryWentLive = "SecondaryWentLive"
+	// ReasonFenced: the member's lockstepd fenced it (it lost the Lease, or could not reach it).
+	ReasonFenced = "Fenced"
+)
+
+// FromReplication judges the members from what lockstepd reported in status.replication, which
+// is faster than the node lifecycle: lockstepd sees a silent peer in under a second. It returns
+// a Lost verdict for the primary when the current secondary reports that it went live (it holds
+// the pair's Lease, so the primary can no longer release anything), and for a member that its
+// lockstepd reports Fenced; nil otherwise. A report names its VMI, so a report of an earlier
+// member never condemns a later one.
+func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI string) (primary, secondary *Verdict) {
+	if rep == nil {
+		return nil, nil
+	}
+	for _, side := range []*ftv1.SideStatus{rep.Primary, rep.Secondary} {
+		if side == nil {
+			continue
+		}
+		live := side.State == ftv1.SideState("Alone") || side.State == ftv1.SideState("Protected")
+		switch {
+		case side.State == ftv1.SideState("Fenced") && side.VMI == primaryVMI && primaryVMI != "":
+			primary = &Verdict{State: Lost, Reason: ReasonFenced, Message: fmt.Sprintf("lockstepd on node %s fenced primary %s: %s", side.Node, side.VMI, side.Message)}
+		case side.State == ftv1.SideState("Fenced") && side.VMI == secondaryVMI && secondaryVMI != "":
+			secondary = &Verdict{State: Lost, Reason: ReasonFenced, Message: fmt.Sprintf("lockstepd on node %s fenced secondary %s: %s", side.Node, side.VMI, side.Message)}
+		case live && side.VMI == secondaryVMI && secondaryVMI != "" && primaryVMI != "" && primary == nil:
+			primary = &Verdict{State: Lost, Reason: ReasonSecondaryWentLive, Message: fmt.Sprintf("lockstepd reports secondary %s on node %s live at Lease epoch %d", side.VMI, side.Node, side.Epoch)}
+		}
+	}
+	return primary, secondary
 }

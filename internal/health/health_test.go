@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 )
 
 func TestJudge(t *testing.T) {
@@ -107,6 +109,41 @@ func TestNodeAvailable(t *testing.T) {
 	for _, c := range cases {
 		if got := NodeAvailable(&c.node, c.tolerates); got != c.want {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestFromReplication(t *testing.T) {
+	side := func(vmi, state string) *ftv1.SideStatus {
+		return &ftv1.SideStatus{VMI: vmi, Node: "n", State: ftv1.SideState(state), Epoch: 3}
+	}
+	cases := []struct {
+		name                 string
+		rep                  *ftv1.ReplicationStatus
+		primaryLost, secLost string // the expected reasons, "" for no verdict
+	}{
+		{"no report", nil, "", ""},
+		{"protected pair", &ftv1.ReplicationStatus{Primary: side("vm-1", "Protected"), Secondary: side("vm-2", "Replicating")}, "", ""},
+		{"the secondary went live", &ftv1.ReplicationStatus{Primary: side("vm-2", "Alone")}, ReasonSecondaryWentLive, ""},
+		{"the secondary went live and was protected again", &ftv1.ReplicationStatus{Primary: side("vm-2", "Protected")}, ReasonSecondaryWentLive, ""},
+		{"the secondary is claiming: not yet", &ftv1.ReplicationStatus{Primary: side("vm-1", "Claiming"), Secondary: side("vm-2", "Claiming")}, "", ""},
+		{"the primary was fenced", &ftv1.ReplicationStatus{Primary: side("vm-1", "Fenced")}, ReasonFenced, ""},
+		{"the secondary was fenced", &ftv1.ReplicationStatus{Primary: side("vm-1", "Alone"), Secondary: side("vm-2", "Fenced")}, "", ReasonFenced},
+		{"a report of an earlier member", &ftv1.ReplicationStatus{Primary: side("vm-0", "Fenced"), Secondary: side("vm-0", "Alone")}, "", ""},
+	}
+	for _, c := range cases {
+		p, s := FromReplication(c.rep, "vm-1", "vm-2")
+		reason := func(v *Verdict) string {
+			if v == nil {
+				return ""
+			}
+			if v.State != Lost {
+				t.Errorf("%s: a verdict that is not Lost: %+v", c.name, v)
+			}
+			return v.Reason
+		}
+		if reason(p) != c.primaryLost || reason(s) != c.secLost {
+			t.Errorf("%s: primary %+v, secondary %+v; want reasons %q, %q", c.name, p, s, c.primaryLost, c.secLost)
 		}
 	}
 }
