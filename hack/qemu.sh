@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the QEMU that the VM tier runs: Debian 12's QEMU source package (pinned, checked against
+# the .dsc's SHA-256) with its own patches, plus lockstep's fix that lets COLO checkpoint under TCG
+# (hack/qemu/colo-tcg-checkpoint-lock.patch; DESIGN.md explains the deadlock). Only
+# qemu-system-x86_64 is built, with the features COLO needs (replication, quorum, NBD, tap).
+#
+#   hack/qemu.sh     -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
+#
+# The build is cached under ~/.cache/lockstep/qemu/<version>-<patch hash>/ and linked at
+# bin/qemu; a rerun is instant. A cold build takes about 10 minutes on 2 cores. Build
+# dependencies come from Debian's packages (apt-get) when they are missing.
+set -euo pipefail
+
+QEMU_DEB_VERSION="${QEMU_DEB_VERSION:-7.2+dfsg-7+deb12u18}"
+QEMU_DSC_SHA256="${QEMU_DSC_SHA256:-6b6bd27b947ec89e40a1d6b26d9c9f3c698ca691da13163e0483f6061bbb20b3}"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/qemu"
+PATCH="$ROOT/hack/qemu/colo-tcg-checkpoint-lock.patch"
+ID="$QEMU_DEB_VERSION-$(sha256sum "$PATCH" | cut -c1-12)"
+PREFIX="$CACHE/$ID"
+
+if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
+  deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev meson ninja-build pkg-config python3 dpkg-dev xz-utils curl)
+  missing=()
+  for d in "${deps[@]}"; do dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q 'install ok installed' || missing+=("$d"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo ">> installing build dependencies: ${missing[*]}" >&2
+    apt-get install -y --no-install-recommends "${missing[@]}" >&2 || {
+      apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2
+    }
+  fi
+
+  work="$CACHE/src-$ID"
+  rm -rf "$work" && mkdir -p "$work"
+  cd "$work"
+  dsc="qemu_${QEMU_DEB_VERSION}.dsc"
+  echo ">> fetching $dsc from $MIRROR" >&2
+  curl -sSfO "$MIRROR/pool/main/q/qemu/$dsc"
+  echo "$QEMU_DSC_SHA256  $dsc" | sha256sum -c --quiet - >&2
+  # The .dsc names the tarballs and their SHA-256; fetch and check each.
+  sed -n '/^Checksums-Sha256:/,/^[A-Z]/p' "$dsc" | awk 'NF==3 {print $1, $3}' | while read -r sum file; do
+    curl -sSfO "$MIRROR/pool/main/q/qemu/$file"
+    echo "$sum  $file" | sha256sum -c --quiet - >&2
+  done
+  dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
+  (cd src && patch -p1 <"$PATCH" >&2)
+  mkdir -p src/build && cd src/build
+  ../configure --prefix="$PREFIX" --target-list=x86_64-softmmu \
+    --enable-tcg --enable-replication --disable-werror --disable-docs \
+    --disable-gtk --disable-sdl --disable-vnc --disable-opengl --disable-spice --disable-curl \
+    --disable-libusb --disable-usb-redir --disable-xen --disable-capstone --disable-slirp \
+    --disable-guest-agent --disable-tools >&2
+  ninja >&2
+  ninja install >&2
+  cd / && rm -rf "$work"
+fi
+ln -sfn "$PREFIX" "$ROOT/bin/qemu"
+echo "$PREFIX"
