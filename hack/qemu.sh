@@ -2,7 +2,8 @@
 # Builds the QEMU that the VM tier runs: Debian 12's QEMU source package (pinned, checked against
 # the .dsc's SHA-256) with its own patches, plus lockstep's fix that lets COLO checkpoint under TCG
 # (hack/qemu/colo-tcg-checkpoint-lock.patch; DESIGN.md explains the deadlock). Only
-# qemu-system-x86_64 is built, with the features COLO needs (replication, quorum, NBD, tap).
+# qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
+# (qemu-img for the active and hidden disks) are built.
 #
 #   hack/qemu.sh     -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
 #
@@ -17,7 +18,12 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/qemu"
 PATCH="$ROOT/hack/qemu/colo-tcg-checkpoint-lock.patch"
-ID="$QEMU_DEB_VERSION-$(sha256sum "$PATCH" | cut -c1-12)"
+CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enable-tools
+  --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-vnc --disable-opengl
+  --disable-spice --disable-curl --disable-libusb --disable-usb-redir --disable-xen
+  --disable-capstone --disable-slirp --disable-guest-agent)
+# The cache key covers the version, the patch and the configuration.
+ID="$QEMU_DEB_VERSION-$( (cat "$PATCH"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
 PREFIX="$CACHE/$ID"
 
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
@@ -46,14 +52,25 @@ if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
   dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
   (cd src && patch -p1 <"$PATCH" >&2)
   mkdir -p src/build && cd src/build
-  ../configure --prefix="$PREFIX" --target-list=x86_64-softmmu \
-    --enable-tcg --enable-replication --disable-werror --disable-docs \
-    --disable-gtk --disable-sdl --disable-vnc --disable-opengl --disable-spice --disable-curl \
-    --disable-libusb --disable-usb-redir --disable-xen --disable-capstone --disable-slirp \
-    --disable-guest-agent --disable-tools >&2
+  ../configure --prefix="$PREFIX" "${CONFIGURE[@]}" >&2
   ninja >&2
   ninja install >&2
   cd / && rm -rf "$work"
+fi
+# Firmware: the dfsg source carries no prebuilt ROMs, so take Debian's (SeaBIOS, and the option
+# ROMs of qemu-system-data such as linuxboot_dma.bin for -kernel). Run QEMU with
+# -L $PREFIX/firmware/qemu -L $PREFIX/firmware/seabios.
+SEABIOS_VERSION="${SEABIOS_VERSION:-1.16.2-1}"
+if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
+  fw="$(mktemp -d)"
+  chmod 777 "$fw"
+  (cd "$fw" && apt-get download "seabios=$SEABIOS_VERSION" "qemu-system-data=1:$QEMU_DEB_VERSION" >&2)
+  for deb in "$fw"/*.deb; do dpkg-deb -x "$deb" "$fw/x"; done
+  mkdir -p "$PREFIX/firmware"
+  rm -rf "$PREFIX/firmware/seabios" "$PREFIX/firmware/qemu"
+  cp -rL "$fw/x/usr/share/seabios" "$PREFIX/firmware/seabios"
+  cp -r "$fw/x/usr/share/qemu" "$PREFIX/firmware/qemu"
+  rm -rf "$fw"
 fi
 ln -sfn "$PREFIX" "$ROOT/bin/qemu"
 echo "$PREFIX"

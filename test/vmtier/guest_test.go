@@ -1,0 +1,161 @@
+//go:build linux && vmtier
+
+// Package vmtier runs real QEMU (hack/qemu.sh) with lockstep's counter guest (hack/guest.sh)
+// inside network namespaces the test makes. It is the VM tier of issue 5, in progress: so far it
+// boots one guest and checks the counter, the boot id and the disk; the COLO pair comes next.
+package vmtier
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/qmp"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+)
+
+var root = filepath.Join("..", "..")
+
+// build runs a hack script and returns the directory it printed.
+func build(t *testing.T, script string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(root, "hack", script)).Output()
+	if err != nil {
+		t.Fatalf("hack/%s: %v", script, err)
+	}
+	return string(regexp.MustCompile(`\s+$`).ReplaceAll(out, nil))
+}
+
+var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
+
+// ask sends one request to the guest's counter from the client namespace.
+func ask(ns, addr string) (count int, bootID string, disk int, err error) {
+	var c net.Conn
+	if e := testnet.Enter(ns, func() { c, err = net.DialTimeout("tcp", addr, 5*time.Second) }); e != nil {
+		return 0, "", 0, e
+	}
+	if err != nil {
+		return 0, "", 0, err
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Write([]byte("next\n")); err != nil {
+		return 0, "", 0, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return 0, "", 0, err
+	}
+	m := reply.FindStringSubmatch(line)
+	if m == nil {
+		return 0, "", 0, fmt.Errorf("unexpected reply %q", line)
+	}
+	count, _ = strconv.Atoi(m[1])
+	disk, _ = strconv.Atoi(m[3])
+	return count, m[2], disk, nil
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v\n%s", args, err, out)
+	}
+}
+
+// TestGuestServesACounter boots the guest on a tap bridged to a client namespace and checks
+// that the counter counts, the boot id stays, and the disk follows.
+func TestGuestServesACounter(t *testing.T) {
+	qemu, guest := build(t, "qemu.sh"), build(t, "guest.sh")
+	link := testnet.NewLink(t) // A: the client, B: the node
+	ip(t, "-n", link.B, "link", "add", "br0", "type", "bridge")
+	ip(t, "-n", link.B, "link", "set", link.BIf, "master", "br0")
+	ip(t, "-n", link.B, "addr", "flush", "dev", link.BIf)
+	ip(t, "-n", link.B, "tuntap", "add", "tap0", "mode", "tap")
+	ip(t, "-n", link.B, "link", "set", "tap0", "master", "br0")
+	for _, dev := range []string{"br0", "tap0"} {
+		ip(t, "-n", link.B, "link", "set", dev, "up")
+	}
+	guestAddr := link.AAddr[:len(link.AAddr)-1] + "10"
+
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "disk.qcow2")
+	if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), "create", "-f", "qcow2", disk, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "qmp.sock")
+	cmd := exec.Command("ip", "netns", "exec", link.B, filepath.Join(qemu, "bin", "qemu-system-x86_64"),
+		"-accel", "tcg", "-cpu", "qemu64", "-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-vga", "none",
+		"-L", filepath.Join(qemu, "firmware", "qemu"), "-L", filepath.Join(qemu, "firmware", "seabios"),
+		"-kernel", filepath.Join(guest, "vmlinuz"), "-initrd", filepath.Join(guest, "initramfs.cpio.gz"),
+		"-append", "console=ttyS0 panic=-1 quiet lockstep.ip="+guestAddr+"/24",
+		"-serial", "file:"+filepath.Join(dir, "console.log"), "-qmp", "unix:"+sock+",server=on,wait=off",
+		"-netdev", "tap,id=hn0,ifname=tap0,script=no,downscript=no,vhost=off",
+		"-device", "rtl8139,id=e0,netdev=hn0,mac=52:54:00:12:34:56,romfile=",
+		"-drive", "if=virtio,id=disk0,driver=qcow2,file="+disk)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var q *qmp.Conn
+	for q == nil {
+		select {
+		case err := <-exited:
+			t.Fatalf("QEMU exited: %v", err)
+		default:
+		}
+		var err error
+		if q, err = qmp.Dial(ctx, sock); err != nil {
+			if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	defer func() { _ = q.Close() }()
+	var status struct {
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
+	}
+	if err := q.Execute(ctx, "query-status", nil, &status); err != nil || !status.Running {
+		t.Fatalf("query-status: %+v %v", status, err)
+	}
+
+	var boot string
+	start := time.Now()
+	for i := 1; i <= 3; i++ {
+		var count, onDisk int
+		var id string
+		var err error
+		for {
+			if count, id, onDisk, err = ask(link.A, guestAddr+":7777"); err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if err != nil {
+			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+			t.Fatalf("the guest never answered: %v\nconsole:\n%s", err, console)
+		}
+		if i == 1 {
+			boot = id
+			t.Logf("the guest answered %s after QEMU started", time.Since(start).Round(time.Millisecond))
+		}
+		if count != i || onDisk != i || id != boot {
+			t.Fatalf("request %d: count %d, disk %d, boot id %s (first %s)", i, count, onDisk, id, boot)
+		}
+	}
+}
