@@ -1,0 +1,176 @@
+//go:build linux && vmtier
+
+package vmtier
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/qmp"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+)
+
+// coloNet is the pair's network: a client namespace and a switch, each node's bridge with the
+// VM's tap and an uplink into the switch, and the logging link between the nodes.
+type coloNet struct {
+	client, sw       string
+	clientAddr, vm   string
+	logging          *testnet.Link // A: the primary's node, B: the secondary's
+	uplinkP, uplinkS string        // switch-side ends of the nodes' uplinks
+}
+
+func newColoNet(t *testing.T) *coloNet {
+	cs := testnet.NewLink(t)
+	lg := testnet.NewLink(t)
+	n := &coloNet{client: cs.A, sw: cs.B, clientAddr: cs.AAddr, vm: cs.AAddr[:len(cs.AAddr)-1] + "10", logging: lg}
+	ip(t, "-n", n.sw, "link", "add", "brw", "type", "bridge")
+	ip(t, "-n", n.sw, "addr", "flush", "dev", cs.BIf)
+	ip(t, "-n", n.sw, "link", "set", cs.BIf, "master", "brw")
+	ip(t, "-n", n.sw, "link", "set", "brw", "up")
+	for i, node := range []string{lg.A, lg.B} {
+		up := []string{"upp", "ups"}[i]
+		ip(t, "-n", node, "link", "add", "br0", "type", "bridge")
+		ip(t, "-n", node, "tuntap", "add", "tap0", "mode", "tap")
+		ip(t, "-n", node, "link", "set", "tap0", "master", "br0")
+		ip(t, "-n", node, "link", "add", "uplink", "type", "veth", "peer", "name", up, "netns", n.sw)
+		ip(t, "-n", node, "link", "set", "uplink", "master", "br0")
+		ip(t, "-n", n.sw, "link", "set", up, "master", "brw")
+		for _, dev := range []string{"br0", "tap0", "uplink"} {
+			ip(t, "-n", node, "link", "set", dev, "up")
+		}
+	}
+	n.uplinkP, n.uplinkS = "upp", "ups"
+	ip(t, "-n", n.sw, "link", "set", n.uplinkP, "up") // the secondary is attached at go-live
+	return n
+}
+
+func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *exec.Cmd {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, filepath.Join(qemu, "bin", "qemu-system-x86_64")}, args...)...)
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
+	return cmd
+}
+
+func dialQMP(t *testing.T, ctx context.Context, sock string) *qmp.Conn {
+	for {
+		q, err := qmp.Dial(ctx, sock)
+		if err == nil {
+			t.Cleanup(func() { _ = q.Close() })
+			return q
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("QMP %s: %v", sock, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func qemuImg(t *testing.T, qemu string, args ...string) {
+	if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img %v: %v\n%s", args, err, out)
+	}
+}
+
+// TestColoPairSurvivesKillOfThePrimary runs the guest under COLO, serves a client from the
+// primary, kills the primary QEMU (kill -9), makes the secondary go live and attaches its
+// network: the client's counter goes on from where it was, the guest did not reboot, and the
+// disk holds the last value.
+func TestColoPairSurvivesKillOfThePrimary(t *testing.T) {
+	qemu, guest := build(t, "qemu.sh"), build(t, "guest.sh")
+	n := newColoNet(t)
+	dir := t.TempDir()
+	primaryDisk := filepath.Join(dir, "primary.qcow2")
+	qemuImg(t, qemu, "create", "-f", "qcow2", primaryDisk, "64M")
+	parent := filepath.Join(dir, "parent.qcow2")
+	qemuImg(t, qemu, "convert", "-O", "qcow2", primaryDisk, parent)
+	active, hidden := filepath.Join(dir, "active.qcow2"), filepath.Join(dir, "hidden.qcow2")
+	qemuImg(t, qemu, "create", "-f", "qcow2", active, "64M")
+	qemuImg(t, qemu, "create", "-f", "qcow2", hidden, "64M")
+
+	vm := func(side string) colo.VM {
+		return colo.VM{
+			Firmware: []string{filepath.Join(qemu, "firmware", "qemu"), filepath.Join(qemu, "firmware", "seabios")},
+			Kernel:   filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
+			Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + n.vm + "/24", MemoryMB: 256,
+			Tap: "tap0", MAC: "52:54:00:12:34:56",
+			QMP: filepath.Join(dir, side+".qmp"), Serial: filepath.Join(dir, side+".console"),
+		}
+	}
+	p := colo.DefaultPorts
+	primary := startQEMU(t, n.logging.A, qemu, colo.PrimaryArgs(vm("primary"), primaryDisk, n.logging.AAddr, p), filepath.Join(dir, "primary.log"))
+	time.Sleep(500 * time.Millisecond) // the primary listens before the secondary dials it
+	startQEMU(t, n.logging.B, qemu, colo.SecondaryArgs(vm("secondary"), parent, active, hidden, n.logging.AAddr, n.logging.BAddr, p), filepath.Join(dir, "secondary.log"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	qs := dialQMP(t, ctx, vm("secondary").QMP)
+	qp := dialQMP(t, ctx, vm("primary").QMP)
+	if err := colo.StartSecondary(ctx, qs, n.logging.BAddr, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := colo.StartPrimary(ctx, qp, n.logging.BAddr, p, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := colo.WaitMode(ctx, qp, "primary"); err != nil {
+		t.Fatal(err)
+	}
+	if err := colo.WaitMode(ctx, qs, "secondary"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("in COLO %s after migrate", time.Since(start).Round(time.Millisecond))
+
+	var boot string
+	last := 0
+	askUntil := func(what string) (int, string, int) {
+		t.Helper()
+		for {
+			count, id, disk, err := ask(n.client, n.vm+":7777")
+			if err == nil {
+				return count, id, disk
+			}
+			if ctx.Err() != nil {
+				pc, _ := os.ReadFile(vm("primary").Serial)
+				sc, _ := os.ReadFile(vm("secondary").Serial)
+				t.Fatalf("%s: %v\nprimary console:\n%s\nsecondary console:\n%s", what, err, pc, sc)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	for i := 1; i <= 5; i++ {
+		count, id, disk := askUntil("the primary serves")
+		if i == 1 {
+			boot = id
+			t.Logf("the guest answered %s after migrate", time.Since(start).Round(time.Millisecond))
+		}
+		if count != last+1 || disk != count || id != boot {
+			t.Fatalf("under COLO: count %d after %d, disk %d, boot id %s (first %s)", count, last, disk, id, boot)
+		}
+		last = count
+	}
+
+	killed := time.Now()
+	_ = primary.Process.Kill()
+	ip(t, "-n", n.sw, "link", "set", n.uplinkP, "down") // the primary's node is gone from the network
+	if err := colo.SecondaryGoLive(ctx, qs); err != nil {
+		t.Fatal(err)
+	}
+	ip(t, "-n", n.sw, "link", "set", n.uplinkS, "up") // attach the live secondary's network
+	count, id, disk := askUntil("the secondary serves after going live")
+	t.Logf("kill -9 of the primary QEMU to the first reply of the live secondary: %s", time.Since(killed).Round(time.Millisecond))
+	if count != last+1 || id != boot || disk != count {
+		t.Fatalf("after failover: count %d (last acknowledged %d), boot id %s (before %s), disk %d", count, last, id, boot, disk)
+	}
+}
