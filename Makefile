@@ -77,7 +77,7 @@ test-dataplane: envtest-assets test-crds ## lockstepd processes in network names
 	go test -count=1 -timeout 15m -v ./test/dataplane/...
 
 .PHONY: test-vm
-test-vm: ## The VM tier (issue 5, in progress, not yet in make test): real QEMU and the counter guest in network namespaces; builds QEMU once (about 20 minutes cold).
+test-vm: ## The VM tier (issue 5, in progress, not yet in make test): real QEMU and the counter guest in network namespaces; builds QEMU once (about 13 minutes cold).
 	go test -tags vmtier -count=1 -timeout 60m -v ./test/vmtier/...
 
 .PHONY: test-e2e

@@ -171,6 +171,9 @@ func TestColoPairSurvivesKillOfThePrimary(t *testing.T) {
 	count, id, disk := askUntil("the secondary serves after going live")
 	t.Logf("kill -9 of the primary QEMU to the first reply of the live secondary: %s", time.Since(killed).Round(time.Millisecond))
 	if count != last+1 || id != boot || disk != count {
+		sc, _ := os.ReadFile(vm("secondary").Serial)
+		sl, _ := os.ReadFile(filepath.Join(dir, "secondary.log"))
+		t.Logf("secondary console:\n%s\nsecondary QEMU:\n%s", sc, sl)
 		t.Fatalf("after failover: count %d (last acknowledged %d), boot id %s (before %s), disk %d", count, last, id, boot, disk)
 	}
 }

@@ -1,8 +1,9 @@
 //go:build linux && vmtier
 
 // Package vmtier runs real QEMU (hack/qemu.sh) with lockstep's counter guest (hack/guest.sh)
-// inside network namespaces the test makes. It is the VM tier of issue 5, in progress: so far it
-// boots one guest and checks the counter, the boot id and the disk; the COLO pair comes next.
+// inside network namespaces the test makes. It is the VM tier of issue 5, in progress: one guest
+// serving its counter, and a COLO pair through kill -9 of the primary (colo_test.go). lockstepd
+// does not drive it yet, and make test does not run it yet (make test-vm does).
 package vmtier
 
 import (
