@@ -268,13 +268,15 @@ func (a *Agent) on(ctx context.Context, e failover.Event, why string) {
 // knows.
 func (a *Agent) claimFromPeer(ctx context.Context) {
 	a.mu.Lock()
-	known := a.epoch
-	if a.sec != nil {
-		a.sec.Close() // apply nothing more: this side may go live from what it has
-		a.mux.Unregister(a.cfg.Pair, a.sec)
-		known = a.sec.Epoch()
-	}
+	known, sec := a.epoch, a.sec
 	a.mu.Unlock()
+	if sec != nil {
+		// Apply nothing more: this side may go live from what it has. Close waits for an entry
+		// being applied, whose apply takes a.mu: it must not be held here.
+		sec.Close()
+		a.mux.Unregister(a.cfg.Pair, sec)
+		known = sec.Epoch()
+	}
 	a.dropChannel()
 	a.claim(ctx, known)
 }

@@ -69,7 +69,9 @@ type outputs struct {
 	violation error
 }
 
-func (o *outputs) emitter(name string, follower func() (*vmdouble.Counter, bool)) func([]byte) {
+// emitter records name's outputs. follower returns the secondary and the first value that must
+// be checked against it (0: none yet).
+func (o *outputs) emitter(name string, follower func() (*vmdouble.Counter, uint64)) func([]byte) {
 	return func(b []byte) {
 		_, v, err := vmdouble.ParsePayload(b)
 		o.mu.Lock()
@@ -79,8 +81,9 @@ func (o *outputs) emitter(name string, follower func() (*vmdouble.Counter, bool)
 			return
 		}
 		if follower != nil && o.violation == nil {
-			// While the primary is protected, an output leaves only once the secondary holds it.
-			if f, protected := follower(); protected && f.Value() < v {
+			// An output logged while the primary was protected leaves only once the secondary
+			// holds it.
+			if f, from := follower(); from != 0 && v >= from && f.Value() < v {
 				o.violation = fmt.Errorf("%s released output %d while protected, and its secondary held %d", name, v, f.Value())
 			}
 		}
@@ -130,7 +133,7 @@ func newPair(t *testing.T) *pair {
 }
 
 // start runs a side: a listener with its mux, an engine and the agent.
-func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config, follower func() (*vmdouble.Counter, bool)) *side {
+func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config, follower func() (*vmdouble.Counter, uint64)) *side {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -164,14 +167,20 @@ func waitState(t *testing.T, s *side, want failover.State) {
 func (p *pair) protect(t *testing.T) {
 	t.Helper()
 	p.b = p.start(t, "b", false, p.tlsB, nil)
+	var from atomic.Uint64
 	var a atomic.Pointer[side]
-	p.a = p.start(t, "a", true, p.tlsA, func() (*vmdouble.Counter, bool) {
-		s := a.Load()
-		return p.b.engine, s != nil && s.agent.Status().State == failover.Protected
+	p.a = p.start(t, "a", true, p.tlsA, func() (*vmdouble.Counter, uint64) {
+		if s := a.Load(); s == nil || s.agent.State() != failover.Protected {
+			return nil, 0 // alone, or claiming after a fault: released without a secondary
+		}
+		return p.b.engine, from.Load()
 	})
 	a.Store(p.a)
 	p.a.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: "b", Node: "node-b", Addr: p.b.ln.Addr().String()})
 	waitState(t, p.a, failover.Protected)
+	// Values the engine logs from now on are logged while protected (the one it may be logging
+	// right now is not).
+	from.Store(p.a.engine.Value() + 2)
 	if st := p.b.agent.Status(); !st.Synced || st.Epoch != 2 {
 		t.Fatalf("secondary after the primary joined: %+v, want synced at epoch 2", st)
 	}
