@@ -62,31 +62,28 @@ func (vm VM) common(name string) []string {
 		"-device", "rtl8139,id=e0,netdev=hn0,mac="+vm.MAC+",romfile=")
 }
 
-// PrimaryArgs is the primary QEMU's command line (without the binary). It listens on listen (its
-// logging-network address) for the secondary's packet streams, compares the two sides' packets
-// (colo-compare), and starts paused (-S) until StartPrimary.
+// PrimaryArgs is the primary QEMU's command line (without the binary). It opens, on listen (its
+// logging-network address), the sockets the secondary's packet streams use, and colo-compare's
+// local loops; the filters that divert the VM's traffic through them are added by StartPrimary,
+// so that the VM runs unprotected, with its network untouched, until it enters COLO. It starts
+// paused (-S): continue it (QMP "cont") to run it before protecting it.
 func PrimaryArgs(vm VM, disk, listen string, p Ports) []string {
-	sock := func(id, host string, port int, server bool, wait bool) string {
+	sock := func(id, host string, port int, server bool) string {
 		s := fmt.Sprintf("socket,id=%s,host=%s,port=%d", id, host, port)
 		if server {
-			s += ",server=on,wait=" + map[bool]string{true: "on", false: "off"}[wait]
+			s += ",server=on,wait=off"
 		}
 		return s
 	}
 	// Local loops of colo-compare, on loopback ports derived from the compare port.
 	cmpIn, cmpOut := p.Compare+1000, p.Compare+1001
 	return append(vm.common("primary"),
-		"-chardev", sock("mirror0", listen, p.Mirror, true, false),
-		"-chardev", sock("compare1", listen, p.Compare, true, true),
-		"-chardev", sock("compare0", "127.0.0.1", cmpIn, true, false),
-		"-chardev", sock("compare0-0", "127.0.0.1", cmpIn, false, false),
-		"-chardev", sock("compare_out", "127.0.0.1", cmpOut, true, false),
-		"-chardev", sock("compare_out0", "127.0.0.1", cmpOut, false, false),
-		"-object", "filter-mirror,id=m0,netdev=hn0,queue=tx,outdev=mirror0",
-		"-object", "filter-redirector,netdev=hn0,id=redire0,queue=rx,indev=compare_out",
-		"-object", "filter-redirector,netdev=hn0,id=redire1,queue=rx,outdev=compare0",
-		"-object", "iothread,id=iothread1",
-		"-object", "colo-compare,id=comp0,primary_in=compare0-0,secondary_in=compare1,outdev=compare_out0,iothread=iothread1",
+		"-chardev", sock("mirror0", listen, p.Mirror, true),
+		"-chardev", sock("compare1", listen, p.Compare, true),
+		"-chardev", sock("compare0", "127.0.0.1", cmpIn, true),
+		"-chardev", sock("compare0-0", "127.0.0.1", cmpIn, false),
+		"-chardev", sock("compare_out", "127.0.0.1", cmpOut, true),
+		"-chardev", sock("compare_out0", "127.0.0.1", cmpOut, false),
 		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename="+disk+",children.0.driver=qcow2",
 		"-S")
 }
@@ -125,9 +122,22 @@ func StartSecondary(ctx context.Context, q *qmp.Conn, listen string, p Ports) er
 	return q.Execute(ctx, "nbd-server-add", map[string]any{"device": "parent0", "writable": true}, nil)
 }
 
-// StartPrimary replicates the disk to the secondary, and migrates into COLO with a checkpoint
-// at least every checkpoint (colo-compare forces one sooner when the two sides' packets differ).
+// StartPrimary diverts the VM's traffic through colo-compare, replicates the disk to the
+// secondary, and migrates into COLO with a checkpoint at least every checkpoint (colo-compare
+// forces one sooner when the two sides' packets differ). The secondary must be started first
+// (StartSecondary), with its packet streams connected to the primary's sockets.
 func StartPrimary(ctx context.Context, q *qmp.Conn, secondary string, p Ports, checkpoint time.Duration) error {
+	for _, obj := range []map[string]any{
+		{"qom-type": "filter-mirror", "id": "m0", "netdev": "hn0", "queue": "tx", "outdev": "mirror0"},
+		{"qom-type": "filter-redirector", "id": "redire0", "netdev": "hn0", "queue": "rx", "indev": "compare_out"},
+		{"qom-type": "filter-redirector", "id": "redire1", "netdev": "hn0", "queue": "rx", "outdev": "compare0"},
+		{"qom-type": "iothread", "id": "iothread1"},
+		{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1"},
+	} {
+		if err := q.Execute(ctx, "object-add", obj, nil); err != nil {
+			return fmt.Errorf("adding %s: %w", obj["id"], err)
+		}
+	}
 	if _, err := q.HMP(ctx, fmt.Sprintf("drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.host=%s,file.port=%d,file.export=parent0,node-name=replication0", secondary, p.NBD)); err != nil {
 		return err
 	}
