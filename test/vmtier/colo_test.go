@@ -136,7 +136,7 @@ func TestColoPairSurvivesKillOfThePrimary(t *testing.T) {
 	}
 	// The guest boots on the primary alone, then the pair enters COLO, as a running VM is
 	// protected. (Entering COLO during the guest's early boot let the secondary's copy crash
-	// between checkpoints in 2 of 16 runs.)
+	// between checkpoints in 3 of 17 runs.)
 	if err := qp.Execute(ctx, "cont", nil, nil); err != nil {
 		t.Fatal(err)
 	}
