@@ -152,16 +152,28 @@ func (p *Primary) Stats() PrimaryStats {
 	return s
 }
 
+// ErrStopped is returned by Append and WaitAcked once Run has returned: the log goes nowhere.
+var ErrStopped = errors.New("the primary's channel stopped")
+
 // Run connects, streams and reconnects until ctx ends or the log cannot be resumed (the
-// secondary lost entries it had acknowledged: only a new secondary helps then).
-func (p *Primary) Run(ctx context.Context) error {
+// secondary lost entries it had acknowledged: only a new secondary helps then). Once it returns,
+// Append and WaitAcked fail (with ErrStopped, or with the reason the log could not go on), so
+// that nobody waits for room in a window that will never drain.
+func (p *Primary) Run(ctx context.Context) (err error) {
+	defer func() {
+		p.mu.Lock()
+		if p.fatal == nil {
+			p.fatal = fmt.Errorf("%w: %v", ErrStopped, err)
+		}
+		p.notify()
+		p.mu.Unlock()
+	}()
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		err := p.session(ctx)
 		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) {
 			p.mu.Lock()
 			p.fatal = err
-			p.notify()
 			p.mu.Unlock()
 			return err
 		}

@@ -108,7 +108,6 @@ type outChannel struct {
 	p      *channel.Primary
 	peer   Peer
 	base   uint64
-	ctx    context.Context
 	cancel context.CancelFunc
 	joined bool
 }
@@ -386,7 +385,7 @@ func (a *Agent) startChannel(ctx context.Context, peer Peer) {
 		p.Pacer = &pc
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	oc := &outChannel{p: p, peer: peer, base: a.pos, ctx: cctx, cancel: cancel}
+	oc := &outChannel{p: p, peer: peer, base: a.pos, cancel: cancel}
 	a.out = oc
 	a.mu.Unlock()
 	p.OnAck = func(seq uint64) { a.onAck(ctx, oc, seq) }
@@ -542,45 +541,36 @@ func (a *Agent) Append(ctx context.Context, data []byte) (uint64, error) {
 	if state == failover.Fenced {
 		return 0, ErrFenced
 	}
-	if oc == nil {
-		// No secondary to log to: Alone (released at once) or Claiming (held until the claim
-		// is decided).
-		a.mu.Lock()
-		a.pos++
-		pos, alone := a.pos, a.side.State == failover.Alone
-		a.mu.Unlock()
-		if alone {
-			a.ackGates(pos)
+	if oc != nil {
+		// Waits while the window is full; fails once the channel stopped (dropped, or its log
+		// could not go on).
+		seq, err := oc.p.Append(ctx, data)
+		if err == nil {
+			return a.logged(oc.base + seq), nil
 		}
-		return pos, nil
-	}
-	// Stop waiting for room in the log when the channel is dropped.
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(oc.ctx, cancel)
-	defer stop()
-	seq, err := oc.p.Append(actx, data)
-	if err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
-		// The channel was dropped while the window was full; the VM state will reach the next
-		// secondary through its first entry.
-		a.mu.Lock()
-		a.pos++
-		pos := a.pos
-		a.mu.Unlock()
-		return pos, nil
+		// The entry goes nowhere: the VM state reaches the next secondary through its first entry.
 	}
+	// No secondary to log to: Alone (released at once) or Claiming (held until the claim is
+	// decided).
 	a.mu.Lock()
-	pos := oc.base + seq
+	pos := a.pos + 1
+	a.mu.Unlock()
+	return a.logged(pos), nil
+}
+
+// logged records pos as the last output position; a side that is Alone releases up to it.
+func (a *Agent) logged(pos uint64) uint64 {
+	a.mu.Lock()
 	a.pos = pos
 	alone := a.side.State == failover.Alone
 	a.mu.Unlock()
 	if alone {
 		a.ackGates(pos)
 	}
-	return pos, nil
+	return pos
 }
 
 // Output implements Recorder.
