@@ -127,16 +127,14 @@ func StartSecondary(ctx context.Context, q *qmp.Conn, listen string, p Ports) er
 // forces one sooner when the two sides' packets differ). The secondary must be started first
 // (StartSecondary), with its packet streams connected to the primary's sockets.
 func StartPrimary(ctx context.Context, q *qmp.Conn, secondary string, p Ports, checkpoint time.Duration) error {
-	for _, obj := range []map[string]any{
-		{"qom-type": "filter-mirror", "id": "m0", "netdev": "hn0", "queue": "tx", "outdev": "mirror0"},
-		{"qom-type": "filter-redirector", "id": "redire0", "netdev": "hn0", "queue": "rx", "indev": "compare_out"},
-		{"qom-type": "filter-redirector", "id": "redire1", "netdev": "hn0", "queue": "rx", "outdev": "compare0"},
-		{"qom-type": "iothread", "id": "iothread1"},
-		{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1"},
-	} {
-		if err := q.Execute(ctx, "object-add", obj, nil); err != nil {
-			return fmt.Errorf("adding %s: %w", obj["id"], err)
-		}
+	if err := run(ctx, q, "primary's COLO filters", false, []step{
+		{"object-add", map[string]any{"qom-type": "filter-mirror", "id": "m0", "netdev": "hn0", "queue": "tx", "outdev": "mirror0"}},
+		{"object-add", map[string]any{"qom-type": "filter-redirector", "id": "redire0", "netdev": "hn0", "queue": "rx", "indev": "compare_out"}},
+		{"object-add", map[string]any{"qom-type": "filter-redirector", "id": "redire1", "netdev": "hn0", "queue": "rx", "outdev": "compare0"}},
+		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
+		{"object-add", map[string]any{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1"}},
+	}); err != nil {
+		return err
 	}
 	if _, err := q.HMP(ctx, fmt.Sprintf("drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.host=%s,file.port=%d,file.export=parent0,node-name=replication0", secondary, p.NBD)); err != nil {
 		return err
@@ -178,41 +176,43 @@ func WaitMode(ctx context.Context, q *qmp.Conn, want string) error {
 	}
 }
 
+// step is one QMP command of a sequence.
+type step struct {
+	cmd  string
+	args any
+}
+
+// run executes a sequence in order; a step whose object is already gone counts as done when
+// tolerateGone is set (a side may have torn part of it down itself).
+func run(ctx context.Context, q *qmp.Conn, what string, tolerateGone bool, steps []step) error {
+	for _, s := range steps {
+		err := q.Execute(ctx, s.cmd, s.args, nil)
+		if err != nil && !(tolerateGone && strings.Contains(err.Error(), "not found")) {
+			return fmt.Errorf("%s, %s: %w", what, s.cmd, err)
+		}
+	}
+	return nil
+}
+
 // SecondaryGoLive makes the secondary the VM after its primary was lost: stop taking the
 // primary's disk writes, leave COLO (QEMU merges the active and hidden disks and resumes the
 // guest), and stop listening for the primary's packet streams. Its network must then be
 // attached by the caller.
 func SecondaryGoLive(ctx context.Context, q *qmp.Conn) error {
-	steps := []struct {
-		cmd  string
-		args map[string]any
-	}{
+	return run(ctx, q, "secondary go-live", false, []step{
 		{"nbd-server-stop", nil},
 		{"x-colo-lost-heartbeat", nil},
 		{"object-del", map[string]any{"id": "f2"}},
 		{"object-del", map[string]any{"id": "f1"}},
 		{"chardev-remove", map[string]any{"id": "red1"}},
 		{"chardev-remove", map[string]any{"id": "red0"}},
-	}
-	for _, s := range steps {
-		var args any
-		if s.args != nil {
-			args = s.args
-		}
-		if err := q.Execute(ctx, s.cmd, args, nil); err != nil {
-			return fmt.Errorf("secondary go-live, %s: %w", s.cmd, err)
-		}
-	}
-	return nil
+	})
 }
 
 // PrimaryGoAlone lets the primary run on without its lost secondary: leave COLO and stop
 // comparing and mirroring packets.
 func PrimaryGoAlone(ctx context.Context, q *qmp.Conn) error {
-	steps := []struct {
-		cmd  string
-		args map[string]any
-	}{
+	return run(ctx, q, "primary go-alone", true, []step{
 		{"x-colo-lost-heartbeat", nil},
 		{"object-del", map[string]any{"id": "m0"}},
 		{"object-del", map[string]any{"id": "redire0"}},
@@ -220,15 +220,5 @@ func PrimaryGoAlone(ctx context.Context, q *qmp.Conn) error {
 		{"object-del", map[string]any{"id": "comp0"}},
 		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "child": "children.1"}},
 		{"human-monitor-command", map[string]any{"command-line": "drive_del replication0"}},
-	}
-	for _, s := range steps {
-		var args any
-		if s.args != nil {
-			args = s.args
-		}
-		if err := q.Execute(ctx, s.cmd, args, nil); err != nil && !strings.Contains(err.Error(), "not found") {
-			return fmt.Errorf("primary go-alone, %s: %w", s.cmd, err)
-		}
-	}
-	return nil
+	})
 }
