@@ -177,6 +177,15 @@ type ReplicationStatus struct {
 // +kubebuilder:validation:Enum=Protected;Replicating;Claiming;Alone;Fenced
 type SideState string
 
+// The states of a side; lockstepd reports its internal/failover state by the same names.
+const (
+	SideProtected   SideState = "Protected"
+	SideReplicating SideState = "Replicating"
+	SideClaiming    SideState = "Claiming"
+	SideAlone       SideState = "Alone"
+	SideFenced      SideState = "Fenced"
+)
+
 // SideStatus is one side of the pair as its lockstepd sees it.
 type SideStatus struct {
 	// VMI is the member VMI; Node where it runs.

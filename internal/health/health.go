@@ -180,11 +180,11 @@ func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI strin
 		if side == nil {
 			continue
 		}
-		live := side.State == ftv1.SideState("Alone") || side.State == ftv1.SideState("Protected")
+		live := side.State == ftv1.SideAlone || side.State == ftv1.SideProtected
 		switch {
-		case side.State == ftv1.SideState("Fenced") && side.VMI == primaryVMI && primaryVMI != "":
+		case side.State == ftv1.SideFenced && side.VMI == primaryVMI && primaryVMI != "":
 			primary = &Verdict{State: Lost, Reason: ReasonFenced, Message: fmt.Sprintf("lockstepd on node %s fenced primary %s: %s", side.Node, side.VMI, side.Message)}
-		case side.State == ftv1.SideState("Fenced") && side.VMI == secondaryVMI && secondaryVMI != "":
+		case side.State == ftv1.SideFenced && side.VMI == secondaryVMI && secondaryVMI != "":
 			secondary = &Verdict{State: Lost, Reason: ReasonFenced, Message: fmt.Sprintf("lockstepd on node %s fenced secondary %s: %s", side.Node, side.VMI, side.Message)}
 		case live && side.VMI == secondaryVMI && secondaryVMI != "" && primaryVMI != "" && primary == nil:
 			primary = &Verdict{State: Lost, Reason: ReasonSecondaryWentLive, Message: fmt.Sprintf("lockstepd reports secondary %s on node %s live at Lease epoch %d", side.VMI, side.Node, side.Epoch)}
