@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +69,17 @@ type member struct {
 	reportedAt time.Time
 	bytes      uint64
 	syncMarked bool
+}
+
+// identityOf names a side in the pair's Lease: "<node>/<vmi>"; vmiOf reads the VMI back.
+func identityOf(node, vmi string) string { return node + "/" + vmi }
+
+func vmiOf(identity string) string { return identity[strings.IndexByte(identity, '/')+1:] }
+
+// annotate is a merge patch that sets one annotation.
+func annotate(key, value string) client.Patch {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	return client.RawPatch(types.MergePatchType, patch)
 }
 
 // LeaseName is the name of a pair's Lease, in the FaultTolerantVM's namespace.
@@ -134,11 +146,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 }
 
 func (d *Daemon) publishAddress(ctx context.Context) error {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		ftv1.AnnotationNodeLoggingAddress: d.Config.AdvertiseAddress}}})
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: d.Config.NodeName}}
 	for {
-		err := d.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch))
+		err := d.Client.Patch(ctx, node, annotate(ftv1.AnnotationNodeLoggingAddress, d.Config.AdvertiseAddress))
 		if err == nil {
 			return nil
 		}
@@ -243,7 +253,7 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 		return nil, fmt.Errorf("making the VM engine of %s: %w", key, err)
 	}
 	role := vmi.Labels[ftv1.LabelRole]
-	identity := d.Config.NodeName + "/" + vmi.Name
+	identity := identityOf(d.Config.NodeName, vmi.Name)
 	d.mu.Lock()
 	d.queues++
 	queue := d.queues
@@ -317,9 +327,7 @@ func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virt
 	}
 	if st.Synced && !m.syncMarked && vmi.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
 		if _, ok := vmi.Annotations[ftv1.AnnotationSyncedAt]; !ok {
-			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-				ftv1.AnnotationSyncedAt: time.Now().UTC().Format(time.RFC3339)}}})
-			if err := d.Client.Patch(ctx, vmi, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			if err := d.Client.Patch(ctx, vmi, annotate(ftv1.AnnotationSyncedAt, time.Now().UTC().Format(time.RFC3339))); err != nil {
 				return fmt.Errorf("marking %s synchronized: %w", key, err)
 			}
 		}
@@ -337,9 +345,8 @@ func (d *Daemon) report(ctx context.Context, m *member, st Status) error {
 	if !changed && now.Sub(m.reportedAt) < d.Config.StatusInterval {
 		return nil
 	}
-	vmi := st.Identity[len(d.Config.NodeName)+1:]
 	side := ftv1.SideStatus{
-		VMI: vmi, Node: d.Config.NodeName, State: ftv1.SideState(st.State.String()),
+		VMI: vmiOf(st.Identity), Node: d.Config.NodeName, State: ftv1.SideState(st.State.String()),
 		Since: &metav1.Time{Time: st.Since}, Epoch: int64(st.Epoch), Synchronized: st.Synced,
 		Connected: st.Connected, HeldOutputs: int32(st.Held), Message: st.Message,
 		ReportTime: metav1.NewTime(now),

@@ -1,8 +1,6 @@
 package lockstepd
 
 import (
-	"strings"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -34,8 +32,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.d.Statuses() {
-		vmi := st.Identity[strings.IndexByte(st.Identity, '/')+1:]
-		l := []string{st.Pair, vmi}
+		l := []string{st.Pair, vmiOf(st.Identity)}
 		for s := failover.Protected; s <= failover.Fenced; s++ {
 			v := 0.0
 			if s == st.State {
