@@ -47,7 +47,9 @@ type VM struct {
 	QMP, Serial string
 }
 
-func (vm VM) common(name string) []string {
+// Args is the command line every QEMU of lockstep's runs with, COLO or not: TCG, the guest, the
+// console, QMP, and the NIC on the tap.
+func (vm VM) Args(name string) []string {
 	args := []string{"-name", name, "-accel", "tcg", "-cpu", "qemu64", "-m", strconv.Itoa(max(vm.MemoryMB, 128)), "-smp", "1",
 		"-nodefaults", "-display", "none", "-vga", "none"}
 	for _, l := range vm.Firmware {
@@ -77,7 +79,7 @@ func PrimaryArgs(vm VM, disk, listen string, p Ports) []string {
 	}
 	// Local loops of colo-compare, on loopback ports derived from the compare port.
 	cmpIn, cmpOut := p.Compare+1000, p.Compare+1001
-	return append(vm.common("primary"),
+	return append(vm.Args("primary"),
 		"-chardev", sock("mirror0", listen, p.Mirror, true),
 		"-chardev", sock("compare1", listen, p.Compare, true),
 		"-chardev", sock("compare0", "127.0.0.1", cmpIn, true),
@@ -92,7 +94,7 @@ func PrimaryArgs(vm VM, disk, listen string, p Ports) []string {
 // active and hidden are empty qcow2 images of the same size (best on tmpfs): COLO writes the
 // secondary's own writes and the primary's replicated ones there until a failover merges them.
 func SecondaryArgs(vm VM, parent, active, hidden, primary, listen string, p Ports) []string {
-	return append(vm.common("secondary"),
+	return append(vm.Args("secondary"),
 		"-chardev", fmt.Sprintf("socket,id=red0,host=%s,port=%d,reconnect=1", primary, p.Mirror),
 		"-chardev", fmt.Sprintf("socket,id=red1,host=%s,port=%d,reconnect=1", primary, p.Compare),
 		"-object", "filter-redirector,id=f1,netdev=hn0,queue=tx,indev=red0",

@@ -49,7 +49,14 @@ func newColoNet(t *testing.T) *coloNet {
 	return n
 }
 
-func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *exec.Cmd {
+// qemuProc is a QEMU run by a test; exited receives its end.
+type qemuProc struct {
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+// startQEMU runs QEMU inside namespace ns, logging to log; it is killed when the test ends.
+func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *qemuProc {
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, filepath.Join(qemu, "bin", "qemu-system-x86_64")}, args...)...)
 	f, err := os.Create(log)
 	if err != nil {
@@ -59,16 +66,29 @@ func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *exec.C
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = f.Close() })
-	return cmd
+	p := &qemuProc{cmd: cmd, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait(); _ = f.Close() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		p.exited <- nil // for a later reader
+	})
+	return p
 }
 
-func dialQMP(t *testing.T, ctx context.Context, sock string) *qmp.Conn {
+// dialQMP connects to the QEMU's QMP socket once it is up, failing at once if QEMU exits.
+func dialQMP(t *testing.T, ctx context.Context, p *qemuProc, sock string) *qmp.Conn {
 	for {
 		q, err := qmp.Dial(ctx, sock)
 		if err == nil {
 			t.Cleanup(func() { _ = q.Close() })
 			return q
+		}
+		select {
+		case werr := <-p.exited:
+			p.exited <- werr
+			t.Fatalf("QEMU exited before QMP answered: %v", werr)
+		default:
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("QMP %s: %v", sock, err)
@@ -99,25 +119,17 @@ func TestColoPairSurvivesKillOfThePrimary(t *testing.T) {
 	qemuImg(t, qemu, "create", "-f", "qcow2", active, "64M")
 	qemuImg(t, qemu, "create", "-f", "qcow2", hidden, "64M")
 
-	vm := func(side string) colo.VM {
-		return colo.VM{
-			Firmware: []string{filepath.Join(qemu, "firmware", "qemu"), filepath.Join(qemu, "firmware", "seabios")},
-			Kernel:   filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
-			Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + n.vm + "/24", MemoryMB: 256,
-			Tap: "tap0", MAC: "52:54:00:12:34:56",
-			QMP: filepath.Join(dir, side+".qmp"), Serial: filepath.Join(dir, side+".console"),
-		}
-	}
+	vm := func(side string) colo.VM { return guestVM(qemu, guest, dir, side, n.vm) }
 	p := colo.DefaultPorts
 	primary := startQEMU(t, n.logging.A, qemu, colo.PrimaryArgs(vm("primary"), primaryDisk, n.logging.AAddr, p), filepath.Join(dir, "primary.log"))
 	time.Sleep(500 * time.Millisecond) // the primary listens before the secondary dials it
-	startQEMU(t, n.logging.B, qemu, colo.SecondaryArgs(vm("secondary"), parent, active, hidden, n.logging.AAddr, n.logging.BAddr, p), filepath.Join(dir, "secondary.log"))
+	secondary := startQEMU(t, n.logging.B, qemu, colo.SecondaryArgs(vm("secondary"), parent, active, hidden, n.logging.AAddr, n.logging.BAddr, p), filepath.Join(dir, "secondary.log"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	booted := time.Now()
-	qs := dialQMP(t, ctx, vm("secondary").QMP)
-	qp := dialQMP(t, ctx, vm("primary").QMP)
+	qs := dialQMP(t, ctx, secondary, vm("secondary").QMP)
+	qp := dialQMP(t, ctx, primary, vm("primary").QMP)
 	var boot string
 	askUntil := func(what string) (int, string, int) {
 		t.Helper()
@@ -165,7 +177,7 @@ func TestColoPairSurvivesKillOfThePrimary(t *testing.T) {
 	}
 
 	killed := time.Now()
-	_ = primary.Process.Kill()
+	_ = primary.cmd.Process.Kill()
 	ip(t, "-n", n.sw, "link", "set", n.uplinkP, "down") // the primary's node is gone from the network
 	if err := colo.SecondaryGoLive(ctx, qs); err != nil {
 		t.Fatal(err)

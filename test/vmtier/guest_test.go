@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockstep-dev/lockstep/internal/qmp"
+	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 )
 
@@ -33,6 +33,17 @@ func build(t *testing.T, script string) string {
 		t.Fatalf("hack/%s: %v", script, err)
 	}
 	return string(regexp.MustCompile(`\s+$`).ReplaceAll(out, nil))
+}
+
+// guestVM is the counter guest with address addr/24, its QMP socket and console in dir.
+func guestVM(qemu, guest, dir, name, addr string) colo.VM {
+	return colo.VM{
+		Firmware: []string{filepath.Join(qemu, "firmware", "qemu"), filepath.Join(qemu, "firmware", "seabios")},
+		Kernel:   filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
+		Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + addr + "/24", MemoryMB: 256,
+		Tap: "tap0", MAC: "52:54:00:12:34:56",
+		QMP: filepath.Join(dir, name+".qmp"), Serial: filepath.Join(dir, name+".console"),
+	}
 }
 
 var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
@@ -91,42 +102,11 @@ func TestGuestServesACounter(t *testing.T) {
 	if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), "create", "-f", "qcow2", disk, "64M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v\n%s", err, out)
 	}
-	sock := filepath.Join(dir, "qmp.sock")
-	cmd := exec.Command("ip", "netns", "exec", link.B, filepath.Join(qemu, "bin", "qemu-system-x86_64"),
-		"-accel", "tcg", "-cpu", "qemu64", "-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-vga", "none",
-		"-L", filepath.Join(qemu, "firmware", "qemu"), "-L", filepath.Join(qemu, "firmware", "seabios"),
-		"-kernel", filepath.Join(guest, "vmlinuz"), "-initrd", filepath.Join(guest, "initramfs.cpio.gz"),
-		"-append", "console=ttyS0 panic=-1 quiet lockstep.ip="+guestAddr+"/24",
-		"-serial", "file:"+filepath.Join(dir, "console.log"), "-qmp", "unix:"+sock+",server=on,wait=off",
-		"-netdev", "tap,id=hn0,ifname=tap0,script=no,downscript=no,vhost=off",
-		"-device", "rtl8139,id=e0,netdev=hn0,mac=52:54:00:12:34:56,romfile=",
-		"-drive", "if=virtio,id=disk0,driver=qcow2,file="+disk)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-
+	vm := guestVM(qemu, guest, dir, "guest", guestAddr)
+	proc := startQEMU(t, link.B, qemu, append(vm.Args("guest"), "-drive", "if=virtio,id=disk0,driver=qcow2,file="+disk), filepath.Join(dir, "qemu.log"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var q *qmp.Conn
-	for q == nil {
-		select {
-		case err := <-exited:
-			t.Fatalf("QEMU exited: %v", err)
-		default:
-		}
-		var err error
-		if q, err = qmp.Dial(ctx, sock); err != nil {
-			if ctx.Err() != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	defer func() { _ = q.Close() }()
+	q := dialQMP(t, ctx, proc, vm.QMP)
 	var status struct {
 		Running bool   `json:"running"`
 		Status  string `json:"status"`
@@ -148,7 +128,7 @@ func TestGuestServesACounter(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 		if err != nil {
-			console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+			console, _ := os.ReadFile(vm.Serial)
 			t.Fatalf("the guest never answered: %v\nconsole:\n%s", err, console)
 		}
 		if i == 1 {
