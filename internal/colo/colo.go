@@ -189,7 +189,8 @@ type step struct {
 func run(ctx context.Context, q *qmp.Conn, what string, tolerateGone bool, steps []step) error {
 	for _, s := range steps {
 		err := q.Execute(ctx, s.cmd, s.args, nil)
-		if err != nil && !(tolerateGone && strings.Contains(err.Error(), "not found")) {
+		gone := err != nil && strings.Contains(err.Error(), "not found")
+		if err != nil && (!tolerateGone || !gone) {
 			return fmt.Errorf("%s, %s: %w", what, s.cmd, err)
 		}
 	}
