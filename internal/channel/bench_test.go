@@ -120,7 +120,7 @@ func rawThroughput(b *testing.B, p path, ca *pki.CA) {
 			return
 		}
 		if ca != nil {
-			c = tls.Server(c, serverTLS(ca.TLSConfig(b, "lockstepd")))
+			c = tls.Server(c, ServerTLS(ca.TLSConfig(b, "lockstepd")))
 		}
 		n, _ := io.Copy(io.Discard, c)
 		done <- n
@@ -130,7 +130,7 @@ func rawThroughput(b *testing.B, p path, ca *pki.CA) {
 		b.Fatal(err)
 	}
 	if ca != nil {
-		c = tls.Client(c, clientTLS(ca.TLSConfig(b, "lockstepd")))
+		c = tls.Client(c, ClientTLS(ca.TLSConfig(b, "lockstepd")))
 	}
 	buf := make([]byte, benchEntry)
 	b.SetBytes(benchEntry)

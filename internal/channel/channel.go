@@ -65,8 +65,9 @@ func (c Config) withDefaults() Config {
 // ErrHandshake is wrapped by errors of a peer that is not the expected one.
 var ErrHandshake = errors.New("channel handshake failed")
 
-// serverTLS and clientTLS force what the FT channel requires of TLS.
-func serverTLS(c *tls.Config) *tls.Config {
+// ServerTLS and ClientTLS force what lockstepd requires of TLS between nodes (the FT log and the
+// relayed COLO streams): TLS 1.3 and a certificate on both ends.
+func ServerTLS(c *tls.Config) *tls.Config {
 	c = c.Clone()
 	c.MinVersion = tls.VersionTLS13
 	// A peer certificate is always required; it is verified by the library against ClientCAs,
@@ -77,7 +78,7 @@ func serverTLS(c *tls.Config) *tls.Config {
 	return c
 }
 
-func clientTLS(c *tls.Config) *tls.Config {
+func ClientTLS(c *tls.Config) *tls.Config {
 	c = c.Clone()
 	c.MinVersion = tls.VersionTLS13
 	return c

@@ -193,7 +193,7 @@ func (p *Primary) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, stop, err := handshake(ctx, tls.Client(raw, clientTLS(p.cfg.TLS)), p.cfg.Timeout)
+	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(p.cfg.TLS)), p.cfg.Timeout)
 	if err != nil {
 		return err
 	}

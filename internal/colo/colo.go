@@ -9,7 +9,7 @@ package colo
 import (
 	"context"
 	"fmt"
-	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -17,20 +17,32 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 )
 
-// Ports are the TCP ports of the COLO streams on the logging network.
-type Ports struct {
-	// Mirror carries the primary's packets to the secondary (filter-mirror → redirector).
-	Mirror int
-	// Compare carries the secondary's packets back to the primary's colo-compare.
-	Compare int
-	// Migration carries the checkpoints (memory and device state).
-	Migration int
-	// NBD carries the primary's disk writes to the secondary's replication driver.
-	NBD int
-}
+// Sockets are the Unix sockets, in one member's directory, through which its QEMU and its
+// node's lockstepd exchange the COLO streams (internal/relay carries them between the nodes).
+// Both members use the same names; which side listens depends on the side's role.
+type Sockets struct{ Dir string }
 
-// DefaultPorts are the ports of QEMU's documentation.
-var DefaultPorts = Ports{Mirror: 9003, Compare: 9004, Migration: 9998, NBD: 9999}
+// Stream names, as the relay routes them.
+const (
+	// StreamMigration carries the checkpoints (memory and device state) to the secondary, and
+	// COLO's messages back; the primary's QEMU dials it.
+	StreamMigration = "migration"
+	// StreamNBD carries the primary's disk writes to the secondary's replication driver (and the
+	// disk resync before COLO starts); the primary's QEMU dials it.
+	StreamNBD = "nbd"
+	// StreamMirror carries the primary's incoming packets to the secondary; the secondary's
+	// QEMU dials it.
+	StreamMirror = "mirror"
+	// StreamCompare carries the secondary's outgoing packets to the primary's colo-compare; the
+	// secondary's QEMU dials it.
+	StreamCompare = "compare"
+)
+
+// Path is the socket of a stream.
+func (s Sockets) Path(stream string) string { return filepath.Join(s.Dir, stream+".sock") }
+
+// loop is the socket of one of colo-compare's local loops on the primary.
+func (s Sockets) loop(name string) string { return filepath.Join(s.Dir, "loop-"+name+".sock") }
 
 // VM is what both sides share: the same guest, the same MAC.
 type VM struct {
@@ -64,39 +76,24 @@ func (vm VM) Args(name string) []string {
 		"-device", "rtl8139,id=e0,netdev=hn0,mac="+vm.MAC+",romfile=")
 }
 
-// PrimaryArgs is the primary QEMU's command line (without the binary). It opens, on listen (its
-// logging-network address), the sockets the secondary's packet streams use, and colo-compare's
-// local loops; the filters that divert the VM's traffic through them are added by StartPrimary,
-// so that the VM runs unprotected, with its network untouched, until it enters COLO. It starts
-// paused (-S): continue it (QMP "cont") to run it before protecting it.
-func PrimaryArgs(vm VM, disk, listen string, p Ports) []string {
-	sock := func(id, host string, port int, server bool) string {
-		s := fmt.Sprintf("socket,id=%s,host=%s,port=%d", id, host, port)
-		if server {
-			s += ",server=on,wait=off"
-		}
-		return s
-	}
-	// Local loops of colo-compare, on loopback ports derived from the compare port.
-	cmpIn, cmpOut := p.Compare+1000, p.Compare+1001
+// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk as
+// the only child of a quorum, to which Protect adds the replication child. It starts paused (-S):
+// the engine continues it once the side holds the pair's Lease.
+func PrimaryArgs(vm VM, disk string) []string {
 	return append(vm.Args("primary"),
-		"-chardev", sock("mirror0", listen, p.Mirror, true),
-		"-chardev", sock("compare1", listen, p.Compare, true),
-		"-chardev", sock("compare0", "127.0.0.1", cmpIn, true),
-		"-chardev", sock("compare0-0", "127.0.0.1", cmpIn, false),
-		"-chardev", sock("compare_out", "127.0.0.1", cmpOut, true),
-		"-chardev", sock("compare_out0", "127.0.0.1", cmpOut, false),
 		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename="+disk+",children.0.driver=qcow2",
 		"-S")
 }
 
-// SecondaryArgs is the secondary QEMU's command line. parent is its copy of the primary's disk;
-// active and hidden are empty qcow2 images of the same size (best on tmpfs): COLO writes the
-// secondary's own writes and the primary's replicated ones there until a failover merges them.
-func SecondaryArgs(vm VM, parent, active, hidden, primary, listen string, p Ports) []string {
+// SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk
+// (Protect resyncs it); active and hidden are empty qcow2 images of the same size (best on
+// tmpfs): COLO writes the secondary's own writes and the primary's replicated ones there until a
+// failover merges them. Its packet streams dial the node's lockstepd, which carries them to the
+// primary; it takes the migration on its own socket.
+func SecondaryArgs(vm VM, parent, active, hidden string, s Sockets) []string {
 	return append(vm.Args("secondary"),
-		"-chardev", fmt.Sprintf("socket,id=red0,host=%s,port=%d,reconnect=1", primary, p.Mirror),
-		"-chardev", fmt.Sprintf("socket,id=red1,host=%s,port=%d,reconnect=1", primary, p.Compare),
+		"-chardev", "socket,id=red0,path="+s.Path(StreamMirror)+",reconnect=1",
+		"-chardev", "socket,id=red1,path="+s.Path(StreamCompare)+",reconnect=1",
 		"-object", "filter-redirector,id=f1,netdev=hn0,queue=tx,indev=red0",
 		"-object", "filter-redirector,id=f2,netdev=hn0,queue=rx,outdev=red1",
 		"-object", "filter-rewriter,id=rew0,netdev=hn0,queue=all",
@@ -104,53 +101,121 @@ func SecondaryArgs(vm VM, parent, active, hidden, primary, listen string, p Port
 		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,file.driver=qcow2,top-id=colo-disk0,"+
 			"file.file.filename="+active+",file.backing.driver=qcow2,file.backing.file.filename="+hidden+",file.backing.backing=parent0",
 		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
-		"-incoming", "tcp:"+net.JoinHostPort(listen, strconv.Itoa(p.Migration)))
+		"-incoming", "unix:"+s.Path(StreamMigration))
 }
 
-func colo(ctx context.Context, q *qmp.Conn) error {
-	return q.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-colo", "state": true}}}, nil)
+// StartSecondary readies the secondary: COLO on, and its NBD server for the primary's disk.
+func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets) error {
+	return run(ctx, q, "secondary start", false, []step{
+		colo(),
+		{"nbd-server-start", map[string]any{"addr": unixAddr(s.Path(StreamNBD))}},
+		{"nbd-server-add", map[string]any{"device": "parent0", "writable": true}},
+	})
 }
 
-// StartSecondary readies the secondary: COLO on, and its NBD server for the primary's disk writes.
-func StartSecondary(ctx context.Context, q *qmp.Conn, listen string, p Ports) error {
-	if err := colo(ctx, q); err != nil {
+func colo() step {
+	return step{"migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-colo", "state": true}}}}
+}
+
+func unixAddr(path string) map[string]any {
+	return map[string]any{"type": "unix", "data": map[string]any{"path": path}}
+}
+
+func chardev(id, path string, server bool) step {
+	backend := map[string]any{"addr": unixAddr(path), "server": server}
+	if server {
+		backend["wait"] = false
+	}
+	return step{"chardev-add", map[string]any{"id": id, "backend": map[string]any{"type": "socket", "data": backend}}}
+}
+
+// PrimaryChardevs opens, on the primary, the sockets the secondary's packet streams arrive on and
+// colo-compare's local loops (they stay open between protections).
+func PrimaryChardevs(ctx context.Context, q *qmp.Conn, s Sockets) error {
+	return run(ctx, q, "primary chardevs", false, []step{
+		chardev("mirror0", s.Path(StreamMirror), true),
+		chardev("compare1", s.Path(StreamCompare), true),
+		chardev("compare0", s.loop("in"), true),
+		chardev("compare0-0", s.loop("in"), false),
+		chardev("compare_out", s.loop("out"), true),
+		chardev("compare_out0", s.loop("out"), false),
+	})
+}
+
+// ResyncDisk starts copying the primary's whole disk into the secondary's replica (job "resync").
+func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets) error {
+	return q.Execute(ctx, "drive-mirror", map[string]any{"device": "colo-disk0", "job-id": "resync",
+		"target": "nbd+unix:///parent0?socket=" + s.Path(StreamNBD), "mode": "existing", "format": "raw", "sync": "full"}, nil)
+}
+
+// Job is one entry of query-block-jobs.
+type Job struct {
+	ID    string `json:"device"`
+	Ready bool   `json:"ready"`
+	Len   int64  `json:"len"`
+	Done  int64  `json:"offset"`
+}
+
+// Jobs is query-block-jobs.
+func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
+	var jobs []Job
+	err := q.Execute(ctx, "query-block-jobs", nil, &jobs)
+	return jobs, err
+}
+
+// StartPrimary makes a primary whose disk was resynced (and whose VM is stopped, so that nothing
+// changes between the resync and the migration) replicate its disk writes, divert its packets
+// through colo-compare, and migrate into COLO with a checkpoint at least every checkpoint
+// (colo-compare forces one sooner when the two sides' packets differ). afterRewriter is set on a
+// primary that was a secondary: its filters must come before the filter-rewriter it kept.
+func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint time.Duration, afterRewriter bool) error {
+	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
+		s.Path(StreamNBD)+",file.export=parent0,node-name=replication0"); err != nil {
 		return err
 	}
-	if err := q.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{
-		"type": "inet", "data": map[string]any{"host": listen, "port": strconv.Itoa(p.NBD)}}}, nil); err != nil {
-		return err
+	filter := func(typ, id string, kv ...string) step {
+		args := map[string]any{"qom-type": typ, "id": id, "netdev": "hn0"}
+		for i := 0; i+1 < len(kv); i += 2 {
+			args[kv[i]] = kv[i+1]
+		}
+		if afterRewriter {
+			args["insert"], args["position"] = "before", "id=rew0"
+		}
+		return step{"object-add", args}
 	}
-	return q.Execute(ctx, "nbd-server-add", map[string]any{"device": "parent0", "writable": true}, nil)
-}
-
-// StartPrimary diverts the VM's traffic through colo-compare, replicates the disk to the
-// secondary, and migrates into COLO with a checkpoint at least every checkpoint (colo-compare
-// forces one sooner when the two sides' packets differ). The secondary must be started first
-// (StartSecondary), with its packet streams connected to the primary's sockets.
-func StartPrimary(ctx context.Context, q *qmp.Conn, secondary string, p Ports, checkpoint time.Duration) error {
-	if err := run(ctx, q, "primary's COLO filters", false, []step{
-		{"object-add", map[string]any{"qom-type": "filter-mirror", "id": "m0", "netdev": "hn0", "queue": "tx", "outdev": "mirror0"}},
-		{"object-add", map[string]any{"qom-type": "filter-redirector", "id": "redire0", "netdev": "hn0", "queue": "rx", "indev": "compare_out"}},
-		{"object-add", map[string]any{"qom-type": "filter-redirector", "id": "redire1", "netdev": "hn0", "queue": "rx", "outdev": "compare0"}},
+	return run(ctx, q, "primary COLO start", false, []step{
+		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "node": "replication0"}},
+		filter("filter-mirror", "m0", "queue", "tx", "outdev", "mirror0"),
+		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
+		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
 		{"object-add", map[string]any{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1"}},
-	}); err != nil {
-		return err
+		colo(),
+		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}},
+		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
+	})
+}
+
+// Connected reports whether the chardevs ids have a peer connected.
+func Connected(ctx context.Context, q *qmp.Conn, ids ...string) (bool, error) {
+	var devs []struct {
+		Label    string `json:"label"`
+		Filename string `json:"filename"`
 	}
-	if _, err := q.HMP(ctx, fmt.Sprintf("drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.host=%s,file.port=%d,file.export=parent0,node-name=replication0", secondary, p.NBD)); err != nil {
-		return err
+	if err := q.Execute(ctx, "query-chardev", nil, &devs); err != nil {
+		return false, err
 	}
-	if err := q.Execute(ctx, "x-blockdev-change", map[string]any{"parent": "colo-disk0", "node": "replication0"}, nil); err != nil {
-		return err
+	up := map[string]bool{}
+	for _, d := range devs {
+		up[d.Label] = !strings.HasPrefix(d.Filename, "disconnected:")
 	}
-	if err := colo(ctx, q); err != nil {
-		return err
+	for _, id := range ids {
+		if !up[id] {
+			return false, nil
+		}
 	}
-	if err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}, nil); err != nil {
-		return err
-	}
-	return q.Execute(ctx, "migrate", map[string]any{"uri": "tcp:" + net.JoinHostPort(secondary, strconv.Itoa(p.Migration))}, nil)
+	return true, nil
 }
 
 // Status is query-colo-status.
@@ -189,12 +254,22 @@ type step struct {
 func run(ctx context.Context, q *qmp.Conn, what string, tolerateGone bool, steps []step) error {
 	for _, s := range steps {
 		err := q.Execute(ctx, s.cmd, s.args, nil)
-		gone := err != nil && strings.Contains(err.Error(), "not found")
+		gone := err != nil && isGone(err)
 		if err != nil && (!tolerateGone || !gone) {
 			return fmt.Errorf("%s, %s: %w", what, s.cmd, err)
 		}
 	}
 	return nil
+}
+
+// isGone reports whether QEMU refused a teardown step because its object is already gone.
+func isGone(err error) bool {
+	for _, s := range []string{"not found", "does not have", "is not enabled", "Cannot find", "No active block job"} {
+		if strings.Contains(err.Error(), s) {
+			return true
+		}
+	}
+	return false
 }
 
 // SecondaryGoLive makes the secondary the VM after its primary was lost: stop taking the
@@ -212,16 +287,18 @@ func SecondaryGoLive(ctx context.Context, q *qmp.Conn) error {
 	})
 }
 
-// PrimaryGoAlone lets the primary run on without its lost secondary: leave COLO and stop
-// comparing and mirroring packets.
+// PrimaryGoAlone lets the primary run on without its lost secondary: drop the disk's replication
+// child, stop comparing and mirroring packets, and leave COLO (QEMU's documented order). Steps
+// whose object is already gone count as done, so that it can be repeated.
 func PrimaryGoAlone(ctx context.Context, q *qmp.Conn) error {
 	return run(ctx, q, "primary go-alone", true, []step{
-		{"x-colo-lost-heartbeat", nil},
+		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "child": "children.1"}},
+		{"human-monitor-command", map[string]any{"command-line": "drive_del replication0"}},
+		{"object-del", map[string]any{"id": "comp0"}},
+		{"object-del", map[string]any{"id": "iothread1"}},
 		{"object-del", map[string]any{"id": "m0"}},
 		{"object-del", map[string]any{"id": "redire0"}},
 		{"object-del", map[string]any{"id": "redire1"}},
-		{"object-del", map[string]any{"id": "comp0"}},
-		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "child": "children.1"}},
-		{"human-monitor-command", map[string]any{"command-line": "drive_del replication0"}},
+		{"x-colo-lost-heartbeat", nil},
 	})
 }

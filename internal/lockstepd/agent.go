@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -46,6 +47,9 @@ type AgentConfig struct {
 	// it starts as a secondary that waits for the primary's log.
 	Primary bool
 	Channel channel.Config
+	// Dial, when set, opens the primary's connection to its secondary (default: TCP from the
+	// node's network namespace).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// Detect is how long the peer may be silent before this side claims the Lease.
 	Detect time.Duration
 	// ClaimTimeout is how long this side keeps trying to reach the arbiter before it fences itself.
@@ -244,9 +248,14 @@ func (a *Agent) on(ctx context.Context, e failover.Event, why string) {
 			a.mu.Unlock()
 		case failover.ReleaseHeld:
 			a.mu.Lock()
-			pos := a.pos
+			pos, running := a.pos, a.engineRun != nil
 			a.mu.Unlock()
 			a.ackGates(pos)
+			// A running primary won the Lease after its secondary went silent: an engine that
+			// replicates through its own streams stops replicating to it.
+			if u, ok := a.engine.(Unprotector); ok && running {
+				u.Unprotect()
+			}
 		case failover.Fence:
 			a.fence(why)
 		case failover.StartSecondary:
@@ -355,7 +364,9 @@ func (a *Agent) startEngine(ctx context.Context) {
 			a.engineErr = err
 			a.mu.Unlock()
 			a.cfg.Log.Error(err, "the VM engine stopped")
-			a.changed()
+			// A side whose VM died can serve nothing: it fences itself, so that it stops
+			// answering its peer and a synchronized secondary takes over.
+			a.post(ctx, func() { a.fence("the VM engine stopped: " + err.Error()) })
 		}
 	}()
 }
@@ -380,6 +391,9 @@ func (a *Agent) startChannel(ctx context.Context, peer Peer) {
 	defer a.appendMu.Unlock()
 	a.mu.Lock()
 	p := channel.NewPrimary(a.cfg.Channel, peer.Addr, a.epoch)
+	if a.cfg.Dial != nil {
+		p.Dial = a.cfg.Dial
+	}
 	if a.cfg.Pacer != nil {
 		pc := *a.cfg.Pacer
 		p.Pacer = &pc
@@ -622,6 +636,14 @@ func (a *Agent) Status() Status {
 	}
 	a.mu.Unlock()
 	st.Held = a.pgate.Held()
+	if r, ok := a.engine.(StreamReporter); ok && st.RunsVM {
+		// The engine's own streams carry the VM's state: they are the log that counts.
+		streams := r.Streams()
+		st.BytesLogged += streams.Bytes
+		if streams.Interval > 0 {
+			st.Interval = streams.Interval
+		}
+	}
 	if kg != nil {
 		st.Held += kg.Held()
 	}

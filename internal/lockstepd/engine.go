@@ -2,6 +2,7 @@ package lockstepd
 
 import (
 	"context"
+	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
@@ -37,4 +38,26 @@ type Recorder interface {
 	// then calls release; outputs are released in the order they were given. An output held when
 	// the side is fenced is dropped: release is never called.
 	Output(release func())
+}
+
+// Unprotector is an Engine that replicates through streams of its own (QEMU COLO) rather than
+// through the log alone. The agent calls Unprotect, without blocking, when the primary won the
+// pair's Lease after its secondary went silent: the engine stops replicating to that secondary
+// and runs the VM on alone until the next Resync.
+type Unprotector interface {
+	Unprotect()
+}
+
+// StreamReporter is an Engine whose own streams carry the VM's state; their figures replace the
+// log's in the status and the metrics while the side runs the VM.
+type StreamReporter interface {
+	Streams() StreamStats
+}
+
+// StreamStats are an engine's replication figures.
+type StreamStats struct {
+	// Bytes is what the engine's streams carried to the secondary, over the side's life.
+	Bytes uint64
+	// Interval is how far the secondary trails: the mean time between checkpoints (zero: none).
+	Interval time.Duration
 }

@@ -123,6 +123,9 @@ func NewStar(tb testing.TB, n int) *Star {
 	return s
 }
 
+// NewNS makes a namespace with its loopback up and IPv6 off, removed when the test ends.
+func NewNS(tb testing.TB) string { return newNS(tb) }
+
 // newNS makes a namespace with its loopback up and IPv6 off, removed when the test ends.
 func newNS(tb testing.TB) string {
 	tb.Helper()

@@ -26,7 +26,7 @@ import (
 var root = filepath.Join("..", "..")
 
 // build runs a hack script and returns the directory it printed.
-func build(t *testing.T, script string) string {
+func build(t testing.TB, script string) string {
 	t.Helper()
 	out, err := exec.Command(filepath.Join(root, "hack", script)).Output()
 	if err != nil {
@@ -75,7 +75,7 @@ func ask(ns, addr string) (count int, bootID string, disk int, err error) {
 	return count, m[2], disk, nil
 }
 
-func ip(t *testing.T, args ...string) {
+func ip(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("ip %v: %v\n%s", args, err, out)

@@ -1,0 +1,293 @@
+// Package relay carries a VM engine's own streams between the nodes' lockstepd: QEMU COLO's
+// migration (checkpoint) stream, its NBD disk-replication stream and its two packet streams. QEMU
+// reaches its node's lockstepd over Unix sockets in the member's socket directory; lockstepd
+// carries each stream to the peer node over TLS 1.3 with mutual authentication, on the logging
+// network, and counts its bytes. The streams thus need no port of their own on the node, never
+// leave the node unencrypted, and show up in lockstepd's measure of the log bandwidth.
+//
+// A Forward is the side whose QEMU dials (the primary for migration and NBD, the secondary for the
+// packet streams); a Server is the side whose QEMU listens. A connection opens with one line that
+// names the pair and the stream, so that one Server serves every pair on a node.
+package relay
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/channel"
+)
+
+// handshakeTimeout bounds the TLS handshake and the header line.
+const handshakeTimeout = 5 * time.Second
+
+// Counters count a stream's bytes in both directions, over all its connections.
+type Counters struct {
+	toPeer, fromPeer atomic.Uint64
+}
+
+// Sent is the bytes this node carried to the peer; Received the bytes it carried from the peer.
+func (c *Counters) Sent() uint64     { return c.toPeer.Load() }
+func (c *Counters) Received() uint64 { return c.fromPeer.Load() }
+
+// conns tracks open connections so that they can be cut together.
+type conns struct {
+	mu  sync.Mutex
+	set map[net.Conn]struct{}
+	cut bool
+}
+
+func (cs *conns) add(c net.Conn) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.cut {
+		return false
+	}
+	if cs.set == nil {
+		cs.set = map[net.Conn]struct{}{}
+	}
+	cs.set[c] = struct{}{}
+	return true
+}
+
+func (cs *conns) remove(c net.Conn) {
+	cs.mu.Lock()
+	delete(cs.set, c)
+	cs.mu.Unlock()
+}
+
+func (cs *conns) cutAll() {
+	cs.mu.Lock()
+	cs.cut = true
+	for c := range cs.set {
+		_ = c.Close()
+	}
+	cs.mu.Unlock()
+}
+
+// Server accepts streams from peers' lockstepd and connects each to the local socket its pair's
+// route names.
+type Server struct {
+	// TLS is the node's TLS configuration (its certificate and the CA it trusts).
+	TLS *tls.Config
+
+	mu     sync.Mutex
+	routes map[string]*route
+}
+
+type route struct {
+	path string
+	*Counters
+	conns conns
+}
+
+func key(pair, stream string) string { return pair + "\x00" + stream }
+
+// Route sends the pair's stream to the Unix socket at path (where QEMU listens), replacing an
+// earlier route of the stream and cutting its connections. It returns the stream's counters.
+func (s *Server) Route(pair, stream, path string) *Counters {
+	r := &route{path: path, Counters: &Counters{}}
+	s.mu.Lock()
+	if s.routes == nil {
+		s.routes = map[string]*route{}
+	}
+	old := s.routes[key(pair, stream)]
+	s.routes[key(pair, stream)] = r
+	s.mu.Unlock()
+	if old != nil {
+		old.conns.cutAll()
+	}
+	return r.Counters
+}
+
+// Unroute refuses the pair's stream from now on and cuts its connections.
+func (s *Server) Unroute(pair, stream string) {
+	s.mu.Lock()
+	r := s.routes[key(pair, stream)]
+	delete(s.routes, key(pair, stream))
+	s.mu.Unlock()
+	if r != nil {
+		r.conns.cutAll()
+	}
+}
+
+// Serve accepts connections on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	for {
+		raw, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		go s.serveConn(ctx, raw)
+	}
+}
+
+func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
+	c := tls.Server(raw, channel.ServerTLS(s.TLS))
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	pair, stream, _ := strings.Cut(strings.TrimSuffix(line, "\n"), "\x00")
+	s.mu.Lock()
+	rt := s.routes[key(pair, stream)]
+	s.mu.Unlock()
+	if rt == nil {
+		_ = c.Close() // no such stream here (yet): the dialing QEMU retries
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	local, err := net.Dial("unix", rt.path)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	pipe(ctx, &rt.conns, bufferedConn{c, r}, local, rt.Counters, nil)
+}
+
+// bufferedConn reads what the header's reader buffered before the rest of the connection.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// Forward listens on a Unix socket for the local QEMU and carries each connection to the peer.
+type Forward struct {
+	Pair, Stream string
+	// Path is the Unix socket QEMU connects to.
+	Path string
+	// Peer returns the peer lockstepd's stream address.
+	Peer func() string
+	TLS  *tls.Config
+	// Dial opens the TCP connection to the peer (default: net.Dialer).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// FromPeer, when set, sees every byte that comes back from the peer, in order (the engine
+	// reads COLO's checkpoint messages from it).
+	FromPeer func([]byte)
+	Counters
+
+	conns conns
+}
+
+// Listen opens the Unix socket (replacing a stale one) and serves it until ctx ends; then every
+// connection is cut.
+func (f *Forward) Listen(ctx context.Context) error {
+	_ = os.Remove(f.Path)
+	ln, err := net.Listen("unix", f.Path)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", f.Stream, err)
+	}
+	go func() {
+		<-ctx.Done()
+		_ = ln.Close()
+		f.conns.cutAll()
+	}()
+	go func() {
+		for {
+			local, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go f.serveConn(ctx, local)
+		}
+	}()
+	return nil
+}
+
+func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
+	dial := f.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	raw, err := dial(dctx, f.Peer())
+	if err != nil {
+		_ = local.Close()
+		return
+	}
+	c := tls.Client(raw, channel.ClientTLS(f.TLS))
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	if _, err := io.WriteString(c, f.Pair+"\x00"+f.Stream+"\n"); err != nil {
+		_ = c.Close()
+		_ = local.Close()
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	pipe(ctx, &f.conns, c, local, &f.Counters, f.FromPeer)
+}
+
+// pipe copies both ways between the peer's connection and the local one until either ends,
+// then closes both: a COLO stream that lost one direction is lost.
+func pipe(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte)) {
+	if !cs.add(peer) {
+		_ = peer.Close()
+		_ = local.Close()
+		return
+	}
+	cs.add(local)
+	defer func() {
+		cs.remove(peer)
+		cs.remove(local)
+	}()
+	stop := context.AfterFunc(ctx, func() { _ = peer.Close(); _ = local.Close() })
+	defer stop()
+	done := make(chan struct{}, 2)
+	go func() {
+		copyCounting(peer, local, &n.toPeer, nil)
+		done <- struct{}{}
+	}()
+	go func() {
+		copyCounting(local, peer, &n.fromPeer, fromPeer)
+		done <- struct{}{}
+	}()
+	<-done
+	_ = peer.Close()
+	_ = local.Close()
+	<-done
+}
+
+func copyCounting(dst io.Writer, src io.Reader, n *atomic.Uint64, see func([]byte)) {
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if see != nil {
+				see(buf[:k])
+			}
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				return
+			}
+			n.Add(uint64(k))
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/relay"
+	"github.com/lockstep-dev/lockstep/test/pki"
+)
+
+// echo serves a Unix socket that sends back what it reads, as QEMU's side of a stream.
+func echo(t *testing.T, path string) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+		}
+	}()
+}
+
+type nodes struct {
+	server *relay.Server
+	addr   string
+	dir    string
+	tlsA   *tls.Config
+}
+
+func newNodes(t *testing.T) *nodes {
+	ca := pki.New(t, "ca")
+	n := &nodes{server: &relay.Server{TLS: ca.TLSConfig(t, "lockstepd")}, dir: t.TempDir(), tlsA: ca.TLSConfig(t, "lockstepd")}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = n.server.Serve(ctx, ln) }()
+	return n
+}
+
+func (n *nodes) forward(t *testing.T, ctx context.Context, stream string, fromPeer func([]byte)) *relay.Forward {
+	f := &relay.Forward{Pair: "ns/vm", Stream: stream, Path: filepath.Join(n.dir, stream+".fwd"),
+		Peer: func() string { return n.addr }, TLS: n.tlsA, FromPeer: fromPeer}
+	if err := f.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestForwardCarriesBothWaysAndCounts(t *testing.T) {
+	n := newNodes(t)
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	served := n.server.Route("ns/vm", "migration", qemuSock)
+	var mu sync.Mutex
+	var seen []byte
+	f := n.forward(t, context.Background(), "migration", func(b []byte) { mu.Lock(); seen = append(seen, b...); mu.Unlock() })
+
+	c, err := net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := bytes.Repeat([]byte("checkpoint"), 10000)
+	go func() { _, _ = c.Write(msg) }()
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatal("the stream came back altered")
+	}
+	mu.Lock()
+	observed := len(seen)
+	mu.Unlock()
+	if observed != len(msg) {
+		t.Fatalf("FromPeer saw %d bytes, want %d", observed, len(msg))
+	}
+	if f.Sent() != uint64(len(msg)) || f.Received() != uint64(len(msg)) || served.Received() != uint64(len(msg)) || served.Sent() != uint64(len(msg)) {
+		t.Fatalf("counters: forward %d/%d, server %d/%d, want %d each", f.Sent(), f.Received(), served.Sent(), served.Received(), len(msg))
+	}
+}
+
+// closed reports whether c is closed by the other end within a second.
+func closed(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, err := c.Read(make([]byte, 1))
+	return err == io.EOF
+}
+
+func TestUnknownStreamIsRefusedAndUnrouteCuts(t *testing.T) {
+	n := newNodes(t)
+	f := n.forward(t, context.Background(), "nbd", nil)
+	c, err := net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !closed(c) {
+		t.Fatal("a stream with no route was not refused")
+	}
+
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	n.server.Route("ns/vm", "nbd", qemuSock)
+	c, err = net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	n.server.Unroute("ns/vm", "nbd")
+	if !closed(c) {
+		t.Fatal("Unroute did not cut the open stream")
+	}
+}
+
+func TestForwardCutsItsStreamsWhenStopped(t *testing.T) {
+	n := newNodes(t)
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	n.server.Route("ns/vm", "mirror", qemuSock)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := n.forward(t, ctx, "mirror", nil)
+	c, err := net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if !closed(c) {
+		t.Fatal("stopping the forward left its stream open")
+	}
+}
+
+func TestPeerWithoutCertificateIsRefused(t *testing.T) {
+	n := newNodes(t)
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	n.server.Route("ns/vm", "migration", qemuSock)
+	raw, err := net.Dial("tcp", n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}) //nolint:gosec // the test plays a peer without a certificate
+	_, _ = io.WriteString(c, "ns/vm\x00migration\n")
+	_, _ = c.Write([]byte("x"))
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a peer without a client certificate reached QEMU's stream")
+	}
+}

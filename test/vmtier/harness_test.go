@@ -1,0 +1,409 @@
+//go:build linux && vmtier
+
+package vmtier
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/lockstep-dev/lockstep/internal/arbiter"
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/internal/relay"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/pki"
+)
+
+// The pair pairs the VM tier runs with: detection within half a second, a checkpoint at least
+// every two seconds (QEMU's default is 20 s; colo-compare forces one sooner whenever the two
+// sides' packets differ).
+const (
+	pairName   = "vmtier/vm"
+	heartbeat  = 30 * time.Millisecond
+	timeout    = 300 * time.Millisecond
+	detect     = 500 * time.Millisecond
+	checkpoint = 2 * time.Second
+	diskSize   = "64M"
+)
+
+// lease is the pair's Lease as a compare-and-set register: the Kubernetes Lease behind
+// internal/arbiter is tested against a real API server in internal/arbiter and the data-plane
+// tier; here it is the same rule without the API server (a test double).
+type lease struct {
+	mu     sync.Mutex
+	holder arbiter.Holder
+}
+
+type leaseSide struct {
+	l  *lease
+	id string
+}
+
+func (s leaseSide) Ensure(context.Context) (arbiter.Holder, error) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.holder.Epoch == 0 {
+		s.l.holder = arbiter.Holder{Identity: s.id, Epoch: 1}
+	}
+	return s.l.holder, nil
+}
+
+func (s leaseSide) Claim(_ context.Context, known uint64) (uint64, error) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.holder.Epoch != known {
+		return 0, fmt.Errorf("%w: epoch %d is %s's", arbiter.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
+	}
+	s.l.holder = arbiter.Holder{Identity: s.id, Epoch: known + 1}
+	return known + 1, nil
+}
+
+// cluster is one test's network, nodes and pair. The network, all in namespaces the test makes:
+// a client namespace and a switch namespace with two bridges, brw for the VM's network and brl
+// for the logging network; each node namespace has a bridge br0 with the VM's tap and an uplink
+// into brw (port u<i> on the switch, up only on the node the VM runs on), and a logging link
+// into brl with the node's address.
+type cluster struct {
+	t             testing.TB
+	qemu, guest   string
+	client, sw    string
+	clientIf      string
+	vmAddr        string
+	nodes         []*node
+	lease         *lease
+	ca            *pki.CA
+	dir           string
+	members       []*member
+	mu            sync.Mutex
+	checkpoints   []colo.Checkpoint
+	memberCounter int
+}
+
+// node is a node namespace with its lockstepd's listeners: the FT log (mux) and the streams.
+type node struct {
+	name, ns string
+	addr     string // on the logging network
+	mux      *channel.Mux
+	relay    *relay.Server
+	stop     context.CancelFunc
+	index    int
+}
+
+func (n *node) logAddr() string    { return n.addr + ":7000" }
+func (n *node) streamAddr() string { return n.addr + ":7001" }
+
+// member is one side of the pair: its engine, its agent, its QEMU's files.
+type member struct {
+	name   string
+	node   *node
+	engine *colo.Engine
+	agent  *lockstepd.Agent
+	vm     colo.VM
+	dir    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newCluster(t testing.TB, nodes int) *cluster {
+	c := &cluster{t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
+	cs := testnet.NewLink(t) // A: the client, B: the switch
+	c.client, c.sw, c.clientIf = cs.A, cs.B, cs.AIf
+	ip(t, "-n", c.client, "addr", "flush", "dev", cs.AIf)
+	ip(t, "-n", c.client, "addr", "add", "10.214.1.1/24", "dev", cs.AIf)
+	c.vmAddr = "10.214.1.10"
+	for _, br := range []string{"brw", "brl"} {
+		ip(t, "-n", c.sw, "link", "add", br, "type", "bridge")
+		ip(t, "-n", c.sw, "link", "set", br, "up")
+	}
+	ip(t, "-n", c.sw, "addr", "flush", "dev", cs.BIf)
+	ip(t, "-n", c.sw, "link", "set", cs.BIf, "master", "brw")
+	for i := range nodes {
+		c.addNode(i)
+	}
+	return c
+}
+
+func (c *cluster) addNode(i int) {
+	t := c.t
+	n := &node{name: string(rune('a' + i)), ns: testnet.NewNS(t), addr: fmt.Sprintf("10.214.0.%d", i+1), index: i}
+	ip(t, "-n", n.ns, "link", "add", "br0", "type", "bridge")
+	ip(t, "-n", n.ns, "tuntap", "add", "tap0", "mode", "tap")
+	ip(t, "-n", n.ns, "link", "set", "tap0", "master", "br0")
+	ip(t, "-n", n.ns, "link", "add", "uplink", "type", "veth", "peer", "name", "u"+n.name, "netns", c.sw)
+	ip(t, "-n", n.ns, "link", "set", "uplink", "master", "br0")
+	ip(t, "-n", n.ns, "link", "add", "lg", "type", "veth", "peer", "name", "l"+n.name, "netns", c.sw)
+	ip(t, "-n", n.ns, "addr", "add", n.addr+"/24", "dev", "lg")
+	ip(t, "-n", c.sw, "link", "set", "u"+n.name, "master", "brw")
+	ip(t, "-n", c.sw, "link", "set", "l"+n.name, "master", "brl")
+	ip(t, "-n", c.sw, "link", "set", "l"+n.name, "up")
+	for _, dev := range []string{"br0", "tap0", "uplink", "lg"} {
+		ip(t, "-n", n.ns, "link", "set", dev, "up")
+	}
+	// lockstepd's two listeners, inside the node's namespace.
+	var logLn, streamLn net.Listener
+	testnet.In(t, n.ns, func() {
+		var err error
+		if logLn, err = net.Listen("tcp", n.logAddr()); err != nil {
+			t.Fatal(err)
+		}
+		if streamLn, err = net.Listen("tcp", n.streamAddr()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	n.mux = &channel.Mux{TLS: c.ca.TLSConfig(t, "lockstepd")}
+	n.relay = &relay.Server{TLS: c.ca.TLSConfig(t, "lockstepd")}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	go func() { _ = n.mux.Serve(ctx, logLn) }()
+	go func() { _ = n.relay.Serve(ctx, streamLn) }()
+	t.Cleanup(cancel)
+	c.nodes = append(c.nodes, n)
+}
+
+// dialFrom dials addr from inside the node's namespace (lockstepd's outgoing connections).
+func dialFrom(n *node) func(ctx context.Context, addr string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		var err error
+		if e := testnet.Enter(n.ns, func() {
+			var d net.Dialer
+			c, err = d.DialContext(ctx, "tcp", addr)
+		}); e != nil {
+			return nil, e
+		}
+		return c, err
+	}
+}
+
+// attach moves the VM's network to node n: its switch port up, every other one down.
+func (c *cluster) attach(n *node) {
+	for _, o := range c.nodes {
+		state := "down"
+		if o == n {
+			state = "up"
+		}
+		_ = exec.Command("ip", "-n", c.sw, "link", "set", "u"+o.name, state).Run()
+	}
+}
+
+// start runs a member on node n: the primary on a fresh disk, or a secondary ready for peer's
+// streams (peer: the primary's node).
+func (c *cluster) start(n *node, primary bool, peer *node) *member {
+	t := c.t
+	c.memberCounter++
+	name := fmt.Sprintf("vm-%d-%s", c.memberCounter, n.name)
+	m := &member{name: name, node: n, dir: filepath.Join(c.dir, name), done: make(chan error, 1)}
+	if err := os.MkdirAll(m.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.vm = guestVM(c.qemu, c.guest, m.dir, "qemu", c.vmAddr)
+	file := func(f string) string { return filepath.Join(m.dir, f) }
+	for _, img := range []string{"disk.qcow2", "parent.qcow2", "active.qcow2", "hidden.qcow2"} {
+		qemuImg(t, c.qemu, "create", "-f", "qcow2", file(img), diskSize)
+	}
+	logf, err := os.Create(file("qemu.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = logf.Close() })
+	log := testLogger(t, name)
+	m.engine = colo.NewEngine(colo.EngineConfig{
+		Pair: pairName, Primary: primary, VM: m.vm,
+		Disk: file("disk.qcow2"), Parent: file("parent.qcow2"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"),
+		Sockets: colo.Sockets{Dir: m.dir}, Checkpoint: checkpoint,
+		Command: func(args []string) *exec.Cmd {
+			cmd := exec.Command("ip", append([]string{"netns", "exec", n.ns, filepath.Join(c.qemu, "bin", "qemu-system-x86_64")}, args...)...)
+			cmd.Stdout, cmd.Stderr = logf, logf
+			return cmd
+		},
+		Relay: n.relay, TLS: c.ca.TLSConfig(t, "lockstepd"), Dial: dialFrom(n),
+		Attach:       func(context.Context) error { c.attach(n); return nil },
+		OnCheckpoint: c.recordCheckpoint,
+		Log:          log,
+	})
+	if peer != nil {
+		m.engine.SetPeer(peer.streamAddr())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	t.Cleanup(func() { cancel(); m.engine.Stop() })
+	sctx, scancel := context.WithTimeout(ctx, time.Minute)
+	defer scancel()
+	if err := m.engine.Start(sctx); err != nil {
+		c.dump()
+		t.Fatalf("%s: %v", name, err)
+	}
+	tlsCfg := c.ca.TLSConfig(t, "lockstepd")
+	m.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
+		Pair: pairName, Identity: n.name + "/" + name, Primary: primary,
+		Channel: channel.Config{Pair: pairName, TLS: tlsCfg, Heartbeat: heartbeat, Timeout: timeout},
+		Dial:    dialFrom(n), Detect: detect, ClaimTimeout: 2 * time.Second, Log: log,
+	}, m.engine, leaseSide{c.lease, name}, n.mux)
+	go func() { m.done <- m.agent.Run(ctx) }()
+	c.members = append(c.members, m)
+	return m
+}
+
+// protect pairs the running primary p with a new secondary on node n and waits until p is
+// Protected: the secondary holds the whole VM and COLO runs.
+func (c *cluster) protect(p *member, n *node) *member {
+	c.t.Helper()
+	s := c.start(n, false, p.node)
+	p.engine.SetPeer(n.streamAddr())
+	p.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr()})
+	c.waitState(p, failover.Protected, 5*time.Minute)
+	if st := s.agent.Status(); !st.Synced {
+		c.t.Fatalf("the secondary is not synchronized once the primary is protected: %+v", st)
+	}
+	return s
+}
+
+func (c *cluster) waitState(m *member, want failover.State, limit time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(limit)
+	for m.agent.State() != want {
+		if time.Now().After(deadline) {
+			c.dump()
+			c.t.Fatalf("%s: state %s, want %s (%+v)", m.name, m.agent.State(), want, m.agent.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *cluster) recordCheckpoint(cp colo.Checkpoint) {
+	c.mu.Lock()
+	c.checkpoints = append(c.checkpoints, cp)
+	c.mu.Unlock()
+}
+
+// dump logs every member's console and QEMU log, for a failing test.
+func (c *cluster) dump() {
+	for _, m := range c.members {
+		console, _ := os.ReadFile(m.vm.Serial)
+		qlog, _ := os.ReadFile(filepath.Join(m.dir, "qemu.log"))
+		c.t.Logf("%s console:\n%s\n%s QEMU:\n%s", m.name, tail(console), m.name, qlog)
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// client is the test's client of the counter: it checks every reply against the last one.
+type client struct {
+	c    *cluster
+	last int
+	boot string
+}
+
+// next asks until the VM answers (within limit) and checks that the count is the next one,
+// the boot id the same, and the disk in the guest's view holds it.
+func (cl *client) next(what string, limit time.Duration) time.Time {
+	t := cl.c.t
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		count, id, disk, err := ask(cl.c.client, cl.c.vmAddr+":7777")
+		if err == nil {
+			at := time.Now()
+			if cl.boot == "" {
+				cl.boot, cl.last = id, count-1
+			}
+			if count != cl.last+1 || id != cl.boot || disk != count {
+				cl.c.dump()
+				t.Fatalf("%s: count %d after %d, boot id %s (first %s), the guest's disk %d", what, count, cl.last, id, cl.boot, disk)
+			}
+			cl.last = count
+			return at
+		}
+		if time.Now().After(deadline) {
+			cl.c.dump()
+			t.Fatalf("%s: no answer within %s: %v", what, limit, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var sector = regexp.MustCompile(`count=(\d+)`)
+
+// checkDisk reads sector 0 of the VM's disk as QEMU's block layer on m has it (not the guest's
+// page cache): m exports its disk read-only over NBD, and qemu-io reads it. It must hold the
+// last acknowledged count.
+func (cl *client) checkDisk(m *member) {
+	t := cl.c.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := filepath.Join(m.dir, "check.sock")
+	if err := m.engine.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": sock}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = m.engine.Execute(ctx, "nbd-server-stop", nil, nil) }()
+	if err := m.engine.Execute(ctx, "nbd-server-add", map[string]any{"device": "colo-disk0", "name": "check", "writable": false}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
+		"nbd+unix:///check?socket="+sock, "-c", "read -v 0 16").CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-io: %v\n%s", err, out)
+	}
+	// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
+	var ascii strings.Builder
+	for _, line := range strings.Split(string(out), "\n") {
+		if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, "000000") {
+			ascii.WriteString(line[i+2:])
+		}
+	}
+	got := sector.FindStringSubmatch(strings.Replace(ascii.String(), "count.", "count=", 1))
+	if got == nil || got[1] != fmt.Sprint(cl.last) {
+		t.Fatalf("the disk's sector 0 on %s reads %q, want count=%d", m.name, out, cl.last)
+	}
+	t.Logf("the disk on %s holds count=%s", m.name, got[1])
+}
+
+func testLogger(t testing.TB, name string) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		if os.Getenv("VMTIER_VERBOSE") != "" {
+			fmt.Fprintf(os.Stderr, "%s %s %s %s\n", time.Now().Format("15:04:05.000"), name, prefix, args)
+		}
+	}, funcr.Options{Verbosity: 1})
+}
+
+// killQEMU kills member m's QEMU (kill -9), as a crash of the VM process.
+func (m *member) killQEMU() {
+	if pid := m.engine.PID(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// crashNode takes node n off both networks and kills what runs there: its QEMU and its
+// lockstepd (the agents, the listeners).
+func (c *cluster) crashNode(n *node) {
+	ip(c.t, "-n", n.ns, "link", "set", "lg", "down")
+	ip(c.t, "-n", n.ns, "link", "set", "uplink", "down")
+	for _, m := range c.members {
+		if m.node == n {
+			m.killQEMU()
+			m.cancel()
+		}
+	}
+	n.stop()
+}
