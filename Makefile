@@ -61,7 +61,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-dataplane test-e2e ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-dataplane test-vm test-e2e ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -76,18 +76,24 @@ test-envtest: envtest-assets test-crds installer ## The controllers, and the Lea
 test-dataplane: envtest-assets test-crds ## lockstepd processes in network namespaces with Toxiproxy in the log path, kill -9, partitions, the API server cut (needs root).
 	go test -count=1 -timeout 15m -v ./test/dataplane/...
 
+.PHONY: vm-assets
+vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; about 13 minutes cold) and test guest, cached under ~/.cache/lockstep.
+	hack/qemu.sh >/dev/null
+	hack/guest.sh >/dev/null
+
 .PHONY: test-vm
-test-vm: ## The VM tier (issue 5, in progress, not yet in make test): real QEMU and the counter guest in network namespaces; builds QEMU once (about 13 minutes cold).
-	go test -tags vmtier -count=1 -timeout 60m -v ./test/vmtier/...
+test-vm: vm-assets ## The VM tier: COLO pairs of real QEMU driven by lockstepd's agents, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition.
+	go test -tags vmtier -count=1 -timeout 30m -run Test -v ./test/vmtier/...
 
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
 	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: bench
-bench: envtest-assets test-crds ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills.
+bench: envtest-assets test-crds vm-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU.
 	{ go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ && \
-	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/; } | go run ./hack/benchreport
+	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/ && \
+	  go test -tags vmtier -run '^$$' -bench ColoFailover -benchtime 1x -timeout 60m -v ./test/vmtier/; } | go run ./hack/benchreport
 
 .PHONY: demo
 demo: ## Start a 6-node local cluster, protect the samples, kill a node, show the failover; KEEP=1 leaves it up.

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: Debian 12's QEMU source package (pinned, checked against
-# the .dsc's SHA-256) with its own patches, plus lockstep's fix that lets COLO checkpoint under TCG
-# (hack/qemu/colo-tcg-checkpoint-lock.patch; DESIGN.md explains the deadlock). Only
+# the .dsc's SHA-256) with its own patches, plus lockstep's two fixes for COLO under TCG
+# (hack/qemu/*.patch): the big lock around the checkpoint's live state (DESIGN.md explains the
+# deadlock), and a flush of translated code after the secondary's RAM is rewritten at a
+# checkpoint (without it the secondary runs stale code and a failover continues from a corrupted
+# guest). Only
 # qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
 # (qemu-img for the active and hidden disks) are built.
 #
@@ -17,13 +20,14 @@ QEMU_DSC_SHA256="${QEMU_DSC_SHA256:-6b6bd27b947ec89e40a1d6b26d9c9f3c698ca691da13
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/qemu"
-PATCH="$ROOT/hack/qemu/colo-tcg-checkpoint-lock.patch"
+# lockstep's own patches, applied in name order after Debian's.
+PATCHES=("$ROOT"/hack/qemu/*.patch)
 CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enable-tools
   --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-vnc --disable-opengl
   --disable-spice --disable-curl --disable-libusb --disable-usb-redir --disable-xen
   --disable-capstone --disable-slirp --disable-guest-agent)
 # The cache key covers the version, the patch and the configuration.
-ID="$QEMU_DEB_VERSION-$( (cat "$PATCH"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
+ID="$QEMU_DEB_VERSION-$( (cat "${PATCHES[@]}"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
 PREFIX="$CACHE/$ID"
 
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
@@ -50,7 +54,7 @@ if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
     echo "$sum  $file" | sha256sum -c --quiet - >&2
   done
   dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
-  (cd src && patch -p1 <"$PATCH" >&2)
+  for p in "${PATCHES[@]}"; do (cd src && patch -p1 <"$p" >&2); done
   mkdir -p src/build && cd src/build
   ../configure --prefix="$PREFIX" "${CONFIGURE[@]}" >&2
   ninja >&2

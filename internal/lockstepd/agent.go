@@ -636,14 +636,6 @@ func (a *Agent) Status() Status {
 	}
 	a.mu.Unlock()
 	st.Held = a.pgate.Held()
-	if r, ok := a.engine.(StreamReporter); ok && st.RunsVM {
-		// The engine's own streams carry the VM's state: they are the log that counts.
-		streams := r.Streams()
-		st.BytesLogged += streams.Bytes
-		if streams.Interval > 0 {
-			st.Interval = streams.Interval
-		}
-	}
 	if kg != nil {
 		st.Held += kg.Held()
 	}
@@ -660,6 +652,14 @@ func (a *Agent) Status() Status {
 		}
 		if ss.Connections == 0 {
 			st.LastHeard = time.Time{}
+		}
+	}
+	if r, ok := a.engine.(StreamReporter); ok && st.RunsVM {
+		// The engine's own streams carry the VM's state: they are the log that counts.
+		streams := r.Streams()
+		st.BytesLogged += streams.Bytes
+		if streams.Interval > 0 {
+			st.Interval = streams.Interval
 		}
 	}
 	return st

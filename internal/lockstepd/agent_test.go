@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -116,6 +117,9 @@ type side struct {
 }
 
 type pair struct {
+	// wrap, when set for a side's name, wraps its counter engine (to add an optional interface
+	// or a failure).
+	wrap       map[string]func(*vmdouble.Counter) lockstepd.Engine
 	lease      *leaseModel
 	outs       *outputs
 	a, b       *side
@@ -143,10 +147,14 @@ func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config
 	s := &side{cancel: cancel, done: make(chan error, 1), ln: ln}
 	go func() { _ = mux.Serve(ctx, ln) }()
 	s.engine = &vmdouble.Counter{Name: name, Step: 200 * time.Microsecond, Emit: p.outs.emitter(name, follower)}
+	var engine lockstepd.Engine = s.engine
+	if w := p.wrap[name]; w != nil {
+		engine = w(s.engine)
+	}
 	s.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
 		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
 		Detect: 120 * time.Millisecond, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
-	}, s.engine, sideArbiter{p.lease, name}, mux)
+	}, engine, sideArbiter{p.lease, name}, mux)
 	go func() { s.done <- s.agent.Run(ctx) }()
 	t.Cleanup(cancel)
 	return s
@@ -256,5 +264,77 @@ func TestPartitionWithoutArbiterFencesBoth(t *testing.T) {
 	}
 	if maxB["b"] != 0 || maxB["a"] != maxA["a"] {
 		t.Fatalf("outputs after both were fenced: before %v, after %v", maxA, maxB)
+	}
+}
+
+// unprotecting is an engine with streams of its own: it counts Unprotect calls and reports
+// stream figures.
+type unprotecting struct {
+	*vmdouble.Counter
+	unprotects atomic.Int32
+}
+
+func (u *unprotecting) Unprotect() { u.unprotects.Add(1) }
+
+func (u *unprotecting) Streams() lockstepd.StreamStats {
+	return lockstepd.StreamStats{Bytes: 1 << 30, Interval: 2 * time.Second}
+}
+
+func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
+	p := newPair(t)
+	var eng *unprotecting
+	p.wrap = map[string]func(*vmdouble.Counter) lockstepd.Engine{"a": func(c *vmdouble.Counter) lockstepd.Engine {
+		eng = &unprotecting{Counter: c}
+		return eng
+	}}
+	p.protect(t)
+	if n := eng.unprotects.Load(); n != 0 {
+		t.Fatalf("Unprotect called %d times before any failure", n)
+	}
+	if st := p.a.agent.Status(); st.BytesLogged < 1<<30 || st.Interval != 2*time.Second {
+		t.Fatalf("the primary's status does not carry the engine's stream figures: %+v", st)
+	}
+	p.b.cancel() // the secondary's node dies
+	_ = p.b.ln.Close()
+	waitState(t, p.a, failover.Alone)
+	deadline := time.Now().Add(5 * time.Second)
+	for eng.unprotects.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Unprotect called %d times after the primary won, want 1", eng.unprotects.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// dying is an engine whose VM dies when die is closed: Run returns an error.
+type dying struct {
+	*vmdouble.Counter
+	die chan struct{}
+}
+
+func (d *dying) Run(ctx context.Context, rec lockstepd.Recorder) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = d.Counter.Run(ctx, rec) }()
+	select {
+	case <-d.die:
+		return errors.New("QEMU exited")
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+func TestSideWhoseVMDiesFencesItselfAndTheSecondaryTakesOver(t *testing.T) {
+	p := newPair(t)
+	die := make(chan struct{})
+	p.wrap = map[string]func(*vmdouble.Counter) lockstepd.Engine{"a": func(c *vmdouble.Counter) lockstepd.Engine {
+		return &dying{Counter: c, die: die}
+	}}
+	p.protect(t)
+	close(die) // the primary's VM dies; its lockstepd lives on
+	waitState(t, p.a, failover.Fenced)
+	waitState(t, p.b, failover.Alone)
+	if msg := p.a.agent.Status().Message; !strings.Contains(msg, "QEMU exited") {
+		t.Fatalf("the fenced side's message %q does not say why", msg)
 	}
 }

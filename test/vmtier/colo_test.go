@@ -101,9 +101,7 @@ func failedOver(t *testing.T, c *cluster, cl *client, p, s *member, lost time.Ti
 	if st := s.agent.Status(); st.Failovers != 1 || st.Epoch < 3 {
 		t.Fatalf("the live secondary: %+v, want one failover at epoch 3 or later", st)
 	}
-	for range 3 {
-		cl.next("the live secondary serves", time.Minute)
-	}
+	cl.serveFor("the live secondary serves", 15*time.Second)
 	cl.checkDisk(s)
 }
 
@@ -147,9 +145,7 @@ func TestColoReprotectionSurvivesASecondFailure(t *testing.T) {
 	t.Logf("second failover, kill -9 to the first reply: %s", at.Sub(killed).Round(time.Millisecond))
 	c.waitState(s2, failover.Alone, time.Second)
 	c.waitState(s, failover.Fenced, 10*time.Second)
-	for range 3 {
-		cl.next("the second live secondary serves", time.Minute)
-	}
+	cl.serveFor("the second live secondary serves", 15*time.Second)
 	cl.checkDisk(s2)
 }
 
@@ -185,8 +181,6 @@ func TestColoPartitionLetsOneSideServe(t *testing.T) {
 	if pid := loser.engine.PID(); pid > 0 && syscall.Kill(pid, 0) == nil {
 		t.Fatalf("the fenced side's QEMU (pid %d) still runs", pid)
 	}
-	for range 5 {
-		cl.next("the winner serves after the partition", time.Minute)
-	}
+	cl.serveFor("the winner serves after the partition", 15*time.Second)
 	cl.checkDisk(winner)
 }

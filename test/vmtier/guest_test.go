@@ -1,9 +1,11 @@
 //go:build linux && vmtier
 
 // Package vmtier runs real QEMU (hack/qemu.sh) with lockstep's counter guest (hack/guest.sh)
-// inside network namespaces the test makes. It is the VM tier of issue 5, in progress: one guest
-// serving its counter, and a COLO pair through kill -9 of the primary (colo_test.go). lockstepd
-// does not drive it yet, and make test does not run it yet (make test-vm does).
+// inside network namespaces the test makes: one guest serving its counter (guest_test.go), and
+// COLO pairs driven by lockstepd's agents and the colo engine (colo_test.go, harness_test.go):
+// failover on kill -9 of the primary's QEMU and on loss of its node, re-protection and a second
+// failover, and a partition. The agents run in the test process, each inside its node's
+// namespace; the pair's Lease is an in-memory test double of internal/arbiter's (docs/colo.md).
 package vmtier
 
 import (

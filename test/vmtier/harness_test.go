@@ -293,7 +293,29 @@ func (c *cluster) recordCheckpoint(cp colo.Checkpoint) {
 
 // dump logs every member's console and QEMU log, for a failing test.
 func (c *cluster) dump() {
+	c.mu.Lock()
+	c.t.Logf("%d checkpoints; the last ones: %+v", len(c.checkpoints), c.checkpoints[max(0, len(c.checkpoints)-3):])
+	c.mu.Unlock()
 	for _, m := range c.members {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		for _, cmd := range []string{"query-status", "query-colo-status", "query-migrate", "query-block-jobs"} {
+			var out any
+			err := m.engine.Execute(ctx, cmd, nil, &out)
+			c.t.Logf("%s %s: %v %v", m.name, cmd, out, err)
+		}
+		cancel()
+		for range 3 {
+			var regs string
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = m.engine.Execute(ctx, "human-monitor-command", map[string]any{"command-line": "info registers"}, &regs)
+			cancel()
+			if i := strings.Index(regs, "RIP="); i >= 0 {
+				c.t.Logf("%s %s", m.name, regs[i:min(len(regs), i+60)])
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		links, _ := exec.Command("ip", "-n", m.node.ns, "-s", "link", "show", "tap0").CombinedOutput()
+		c.t.Logf("%s tap0: %s", m.name, links)
 		console, _ := os.ReadFile(m.vm.Serial)
 		qlog, _ := os.ReadFile(filepath.Join(m.dir, "qemu.log"))
 		c.t.Logf("%s console:\n%s\n%s QEMU:\n%s", m.name, tail(console), m.name, qlog)
@@ -339,6 +361,17 @@ func (cl *client) next(what string, limit time.Duration) time.Time {
 			t.Fatalf("%s: no answer within %s: %v", what, limit, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// serveFor asks twice a second for d: a VM that went live from a corrupted state fails within
+// seconds (an earlier QEMU, without hack/qemu/colo-tcg-flush-translations.patch, hung ~10 s
+// after going live).
+func (cl *client) serveFor(what string, d time.Duration) {
+	cl.c.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		cl.next(what, 10*time.Second)
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 

@@ -1,0 +1,133 @@
+//go:build linux && vmtier
+
+package vmtier
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+)
+
+// BenchmarkColoFailover measures a COLO pair on real QEMU (TCG): the checkpoint pause and
+// interval and the replication bandwidth of an idle and a busy guest, then FAILOVERS (default 10)
+// failovers in a row, each a kill -9 of the primary's QEMU followed by the re-protection of the
+// live VM with a new secondary on the node that lost its QEMU. Every reply is checked as in the
+// tests. It reports medians and spreads as metrics; the figures go into the note.
+func BenchmarkColoFailover(b *testing.B) {
+	runs := 10
+	if v, err := strconv.Atoi(os.Getenv("FAILOVERS")); err == nil && v > 0 {
+		runs = v
+	}
+	c := newCluster(b, 3)
+	p := c.start(c.nodes[0], true, nil)
+	c.attach(c.nodes[0])
+	cl := &client{c: c}
+	cl.next("the guest boots", 3*time.Minute)
+	s := c.protect(p, c.nodes[1])
+	cl.next("protected", time.Minute)
+
+	window := 10 * time.Second
+	idle := c.measure(p, window, nil)
+	busy := c.measure(p, window, func() { cl.next("busy", 10*time.Second) })
+	b.Logf("idle guest: %s", idle)
+	b.Logf("busy guest (a request after the other): %s", busy)
+
+	var failovers []time.Duration
+	for i := range runs {
+		killed := time.Now()
+		p.killQEMU()
+		at := cl.next(fmt.Sprintf("failover %d", i+1), time.Minute)
+		failovers = append(failovers, at.Sub(killed))
+		c.waitState(s, failover.Alone, 10*time.Second)
+		cl.serveFor("after failover", 2*time.Second)
+		// The live VM is protected again, on the node whose QEMU died.
+		dead := p.node
+		p = s
+		s = c.protect(p, dead)
+		cl.next("protected again", time.Minute)
+	}
+	sort.Slice(failovers, func(i, j int) bool { return failovers[i] < failovers[j] })
+	b.Logf("kill -9 of the primary QEMU to the first reply of the live secondary, %d runs: %v", runs, failovers)
+	b.ReportMetric(ms(pct(failovers, 50)), "failover-p50-ms")
+	b.ReportMetric(ms(pct(failovers, 90)), "failover-p90-ms")
+	b.ReportMetric(ms(failovers[len(failovers)-1]), "failover-max-ms")
+	b.ReportMetric(ms(idle.pauseP50), "pause-idle-p50-ms")
+	b.ReportMetric(ms(busy.pauseP50), "pause-busy-p50-ms")
+	b.ReportMetric(ms(idle.interval), "interval-idle-ms")
+	b.ReportMetric(ms(busy.interval), "interval-busy-ms")
+	b.ReportMetric(idle.bytesPerSec/1e6, "idle-MB/s")
+	b.ReportMetric(busy.bytesPerSec/1e6, "busy-MB/s")
+}
+
+// window is what one measurement window saw.
+type window struct {
+	checkpoints          int
+	pauseP50, pauseP90   time.Duration
+	interval             time.Duration // mean time between checkpoints
+	bytesPerSec          float64
+	requests             int
+	checkpointsPerSecond float64
+}
+
+func (w window) String() string {
+	return fmt.Sprintf("%d checkpoints (%.2f/s), pause p50 %s p90 %s, mean interval %s, %.2f MB/s to the secondary, %d requests",
+		w.checkpoints, w.checkpointsPerSecond, w.pauseP50.Round(10*time.Microsecond), w.pauseP90.Round(10*time.Microsecond),
+		w.interval.Round(time.Millisecond), w.bytesPerSec/1e6, w.requests)
+}
+
+// measure runs work (if any) over and over for d and reads the primary's checkpoints and
+// stream bytes in that time.
+func (c *cluster) measure(p *member, d time.Duration, work func()) window {
+	c.mu.Lock()
+	from := len(c.checkpoints)
+	c.mu.Unlock()
+	bytes0 := p.engine.Streams().Bytes
+	start := time.Now()
+	var w window
+	for time.Since(start) < d {
+		if work != nil {
+			work()
+			w.requests++
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	elapsed := time.Since(start)
+	w.bytesPerSec = float64(p.engine.Streams().Bytes-bytes0) / elapsed.Seconds()
+	c.mu.Lock()
+	cps := append([]colo.Checkpoint(nil), c.checkpoints[from:]...)
+	c.mu.Unlock()
+	w.checkpoints = len(cps)
+	w.checkpointsPerSecond = float64(len(cps)) / elapsed.Seconds()
+	var pauses []time.Duration
+	var sum time.Duration
+	n := 0
+	for _, cp := range cps {
+		pauses = append(pauses, cp.Pause)
+		if cp.Interval > 0 {
+			sum += cp.Interval
+			n++
+		}
+	}
+	sort.Slice(pauses, func(i, j int) bool { return pauses[i] < pauses[j] })
+	w.pauseP50, w.pauseP90 = pct(pauses, 50), pct(pauses, 90)
+	if n > 0 {
+		w.interval = sum / time.Duration(n)
+	}
+	return w
+}
+
+func pct(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, len(sorted)*p/100)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
