@@ -399,8 +399,13 @@ func (e *Engine) goLive(ctx context.Context, q *qmp.Conn) error {
 // once the secondary holds the whole state.
 func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec lockstepd.Recorder) error {
 	e.teardown(ctx, q) // what an earlier protection left
-	if e.peerAddr() == "" {
+	peer := e.peerAddr()
+	if peer == "" {
 		return errors.New("no secondary to protect the VM with")
+	}
+	// QEMU connects to the secondary's replica synchronously: make sure the peer answers first.
+	if err := retryFor(ctx, time.Minute, func() error { return relay.Probe(ctx, peer, e.cfg.TLS, e.cfg.Dial) }); err != nil {
+		return fmt.Errorf("the secondary's node %s does not answer: %w", peer, err)
 	}
 	ready := make(chan struct{})
 	var once sync.Once

@@ -243,6 +243,27 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 	pipe(ctx, &f.conns, c, local, &f.Counters, f.FromPeer)
 }
 
+// Probe checks that the peer's stream server is reachable and accepts this node's certificate,
+// without opening a stream: a caller checks it before it makes QEMU dial through a Forward, so
+// that QEMU does not block on a peer that cannot answer.
+func Probe(ctx context.Context, addr string, tc *tls.Config, dial func(ctx context.Context, addr string) (net.Conn, error)) error {
+	if dial == nil {
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	raw, err := dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	c := tls.Client(raw, channel.ClientTLS(tc))
+	defer func() { _ = c.Close() }()
+	return c.HandshakeContext(ctx)
+}
+
 // pipe copies both ways between the peer's connection and the local one until either ends,
 // then closes both: a COLO stream that lost one direction is lost.
 func pipe(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte)) {

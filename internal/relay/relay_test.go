@@ -76,7 +76,7 @@ func TestForwardCarriesBothWaysAndCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	msg := bytes.Repeat([]byte("checkpoint"), 10000)
 	go func() { _, _ = c.Write(msg) }()
 	got := make([]byte, len(msg))
@@ -172,5 +172,21 @@ func TestPeerWithoutCertificateIsRefused(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("a peer without a client certificate reached QEMU's stream")
+	}
+}
+
+func TestProbe(t *testing.T) {
+	n := newNodes(t)
+	if err := relay.Probe(context.Background(), n.addr, n.tlsA, nil); err != nil {
+		t.Fatalf("probe of a live server: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	_ = ln.Close()
+	if err := relay.Probe(context.Background(), dead, n.tlsA, nil); err == nil {
+		t.Fatal("probe of a closed port succeeded")
 	}
 }
