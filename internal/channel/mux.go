@@ -54,7 +54,7 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return serve(ctx, ln, func(raw net.Conn) {
+	return ServeConns(ctx, ln, func(raw net.Conn) {
 		c, peer, stopConn, err := accept(ctx, raw, m.TLS, timeout)
 		if err != nil {
 			return

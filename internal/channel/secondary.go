@@ -88,12 +88,12 @@ func (s *Secondary) WatchSilence(ctx context.Context, timeout time.Duration, los
 // Serve accepts the primary's connections on ln until ctx ends. A new connection replaces the
 // current one: a primary that reconnects must not wait for the old connection to time out.
 func (s *Secondary) Serve(ctx context.Context, ln net.Listener) error {
-	return serve(ctx, ln, func(raw net.Conn) { _ = s.session(ctx, raw) })
+	return ServeConns(ctx, ln, func(raw net.Conn) { _ = s.session(ctx, raw) })
 }
 
-// serve accepts connections on ln until ctx ends, handling each on its own goroutine, and waits
+// ServeConns accepts connections on ln until ctx ends, handling each on its own goroutine, and waits
 // for the handlers before it returns.
-func serve(ctx context.Context, ln net.Listener, handle func(net.Conn)) error {
+func ServeConns(ctx context.Context, ln net.Listener, handle func(net.Conn)) error {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup

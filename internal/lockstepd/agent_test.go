@@ -13,53 +13,13 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/lockstep-dev/lockstep/internal/arbiter"
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
 )
-
-// leaseModel is the pair's Lease as a compare-and-set register (the envtest-backed arbiter is
-// tested in internal/arbiter and in the data-plane fault tests).
-type leaseModel struct {
-	mu     sync.Mutex
-	holder arbiter.Holder
-	down   bool
-}
-
-type sideArbiter struct {
-	m  *leaseModel
-	id string
-}
-
-var errDown = errors.New("the API server is unreachable")
-
-func (a sideArbiter) Ensure(context.Context) (arbiter.Holder, error) {
-	a.m.mu.Lock()
-	defer a.m.mu.Unlock()
-	if a.m.down {
-		return arbiter.Holder{}, errDown
-	}
-	if a.m.holder.Epoch == 0 {
-		a.m.holder = arbiter.Holder{Identity: a.id, Epoch: 1}
-	}
-	return a.m.holder, nil
-}
-
-func (a sideArbiter) Claim(_ context.Context, known uint64) (uint64, error) {
-	a.m.mu.Lock()
-	defer a.m.mu.Unlock()
-	if a.m.down {
-		return 0, errDown
-	}
-	if a.m.holder.Epoch != known {
-		return 0, fmt.Errorf("%w: epoch %d", arbiter.ErrLost, a.m.holder.Epoch)
-	}
-	a.m.holder = arbiter.Holder{Identity: a.id, Epoch: known + 1}
-	return known + 1, nil
-}
 
 // outputs records what clients saw, and checks each output against the secondary's state when
 // it left: the secondary must already hold the value.
@@ -120,7 +80,7 @@ type pair struct {
 	// wrap, when set for a side's name, wraps its counter engine (to add an optional interface
 	// or a failure).
 	wrap       map[string]func(*vmdouble.Counter) lockstepd.Engine
-	lease      *leaseModel
+	lease      *leasedouble.Lease
 	outs       *outputs
 	a, b       *side
 	ccfg       channel.Config
@@ -129,7 +89,7 @@ type pair struct {
 
 func newPair(t *testing.T) *pair {
 	ca := pki.New(t, "ca")
-	p := &pair{lease: &leaseModel{}, outs: &outputs{}}
+	p := &pair{lease: &leasedouble.Lease{}, outs: &outputs{}}
 	p.ccfg = channel.Config{Pair: "ns/vm", Heartbeat: 5 * time.Millisecond, Timeout: 40 * time.Millisecond}
 	p.tlsA, p.tlsB = p.ccfg, p.ccfg
 	p.tlsA.TLS, p.tlsB.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
@@ -154,7 +114,7 @@ func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config
 	s.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
 		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
 		Detect: 120 * time.Millisecond, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
-	}, engine, sideArbiter{p.lease, name}, mux)
+	}, engine, p.lease.Side(name), mux)
 	go func() { s.done <- s.agent.Run(ctx) }()
 	t.Cleanup(cancel)
 	return s
@@ -247,9 +207,7 @@ func TestSecondaryGoesLiveWhenPrimaryDies(t *testing.T) {
 func TestPartitionWithoutArbiterFencesBoth(t *testing.T) {
 	p := newPair(t)
 	p.protect(t)
-	p.lease.mu.Lock()
-	p.lease.down = true
-	p.lease.mu.Unlock()
+	p.lease.SetDown(true)
 	// The secondary is told to take over (as the operator would after losing the primary's
 	// node): it stops following, so the primary hears nothing either; neither reaches the Lease.
 	_ = p.b.ln.Close()

@@ -14,7 +14,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -122,22 +121,7 @@ func (s *Server) Unroute(pair, stream string) {
 
 // Serve accepts connections on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
-	for {
-		raw, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
-		go s.serveConn(ctx, raw)
-	}
+	return channel.ServeConns(ctx, ln, func(raw net.Conn) { s.serveConn(ctx, raw) })
 }
 
 func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
@@ -218,16 +202,9 @@ func (f *Forward) Listen(ctx context.Context) error {
 }
 
 func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
-	dial := f.Dial
-	if dial == nil {
-		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		}
-	}
 	dctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	raw, err := dial(dctx, f.Peer())
+	raw, err := orDefault(f.Dial)(dctx, f.Peer())
 	if err != nil {
 		_ = local.Close()
 		return
@@ -247,21 +224,26 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 // without opening a stream: a caller checks it before it makes QEMU dial through a Forward, so
 // that QEMU does not block on a peer that cannot answer.
 func Probe(ctx context.Context, addr string, tc *tls.Config, dial func(ctx context.Context, addr string) (net.Conn, error)) error {
-	if dial == nil {
-		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		}
-	}
 	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	raw, err := dial(ctx, addr)
+	raw, err := orDefault(dial)(ctx, addr)
 	if err != nil {
 		return err
 	}
 	c := tls.Client(raw, channel.ClientTLS(tc))
 	defer func() { _ = c.Close() }()
 	return c.HandshakeContext(ctx)
+}
+
+// orDefault is dial, or TCP from the node's own network namespace.
+func orDefault(dial func(ctx context.Context, addr string) (net.Conn, error)) func(ctx context.Context, addr string) (net.Conn, error) {
+	if dial != nil {
+		return dial
+	}
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
 }
 
 // pipe copies both ways between the peer's connection and the local one until either ends,

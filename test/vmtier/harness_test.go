@@ -19,13 +19,13 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/lockstep-dev/lockstep/internal/arbiter"
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/internal/relay"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
 )
 
@@ -41,38 +41,6 @@ const (
 	diskSize   = "64M"
 )
 
-// lease is the pair's Lease as a compare-and-set register: the Kubernetes Lease behind
-// internal/arbiter is tested against a real API server in internal/arbiter and the data-plane
-// tier; here it is the same rule without the API server (a test double).
-type lease struct {
-	mu     sync.Mutex
-	holder arbiter.Holder
-}
-
-type leaseSide struct {
-	l  *lease
-	id string
-}
-
-func (s leaseSide) Ensure(context.Context) (arbiter.Holder, error) {
-	s.l.mu.Lock()
-	defer s.l.mu.Unlock()
-	if s.l.holder.Epoch == 0 {
-		s.l.holder = arbiter.Holder{Identity: s.id, Epoch: 1}
-	}
-	return s.l.holder, nil
-}
-
-func (s leaseSide) Claim(_ context.Context, known uint64) (uint64, error) {
-	s.l.mu.Lock()
-	defer s.l.mu.Unlock()
-	if s.l.holder.Epoch != known {
-		return 0, fmt.Errorf("%w: epoch %d is %s's", arbiter.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
-	}
-	s.l.holder = arbiter.Holder{Identity: s.id, Epoch: known + 1}
-	return known + 1, nil
-}
-
 // cluster is one test's network, nodes and pair. The network, all in namespaces the test makes:
 // a client namespace and a switch namespace with two bridges, brw for the VM's network and brl
 // for the logging network; each node namespace has a bridge br0 with the VM's tap and an uplink
@@ -85,7 +53,7 @@ type cluster struct {
 	clientIf      string
 	vmAddr        string
 	nodes         []*node
-	lease         *lease
+	lease         *leasedouble.Lease
 	ca            *pki.CA
 	dir           string
 	members       []*member
@@ -120,7 +88,7 @@ type member struct {
 }
 
 func newCluster(t testing.TB, nodes int) *cluster {
-	c := &cluster{t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
+	c := &cluster{t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
 	cs := testnet.NewLink(t) // A: the client, B: the switch
 	c.client, c.sw, c.clientIf = cs.A, cs.B, cs.AIf
 	ip(t, "-n", c.client, "addr", "flush", "dev", cs.AIf)
@@ -253,7 +221,7 @@ func (c *cluster) start(n *node, primary bool, peer *node) *member {
 		Pair: pairName, Identity: n.name + "/" + name, Primary: primary,
 		Channel: channel.Config{Pair: pairName, TLS: tlsCfg, Heartbeat: heartbeat, Timeout: timeout},
 		Dial:    dialFrom(n), Detect: detect, ClaimTimeout: 2 * time.Second, Log: log,
-	}, m.engine, leaseSide{c.lease, name}, n.mux)
+	}, m.engine, c.lease.Side(name), n.mux)
 	go func() { m.done <- m.agent.Run(ctx) }()
 	c.members = append(c.members, m)
 	return m

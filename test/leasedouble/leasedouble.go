@@ -1,0 +1,74 @@
+// Package leasedouble is a test double of the pair's Lease (internal/arbiter): the same
+// compare-and-set rule on epochs, in memory, with a switch that makes the API server unreachable.
+// The agent's unit tests and the VM tier use it; the real Lease is tested against a real
+// kube-apiserver in internal/arbiter and in the data-plane tier.
+package leasedouble
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/lockstep-dev/lockstep/internal/arbiter"
+)
+
+// ErrDown is returned while the Lease is unreachable.
+var ErrDown = errors.New("the API server is unreachable")
+
+// Lease is one pair's Lease.
+type Lease struct {
+	mu     sync.Mutex
+	holder arbiter.Holder
+	down   bool
+}
+
+// SetDown makes the Lease unreachable (true) or reachable again.
+func (l *Lease) SetDown(down bool) {
+	l.mu.Lock()
+	l.down = down
+	l.mu.Unlock()
+}
+
+// Holder is the current holder.
+func (l *Lease) Holder() arbiter.Holder {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holder
+}
+
+// Side is the Lease as one side (identity id) sees it: a lockstepd.Arbiter.
+func (l *Lease) Side(id string) Side { return Side{l: l, id: id} }
+
+// Side implements lockstepd.Arbiter for one identity.
+type Side struct {
+	l  *Lease
+	id string
+}
+
+// Ensure creates the Lease for this side at epoch 1 if there is none, and returns its holder.
+func (s Side) Ensure(context.Context) (arbiter.Holder, error) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.down {
+		return arbiter.Holder{}, ErrDown
+	}
+	if s.l.holder.Epoch == 0 {
+		s.l.holder = arbiter.Holder{Identity: s.id, Epoch: 1}
+	}
+	return s.l.holder, nil
+}
+
+// Claim takes the epoch after known, if known is still the current one.
+func (s Side) Claim(_ context.Context, known uint64) (uint64, error) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.down {
+		return 0, ErrDown
+	}
+	if s.l.holder.Epoch != known {
+		return 0, fmt.Errorf("%w: epoch %d is %s's", arbiter.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
+	}
+	s.l.holder = arbiter.Holder{Identity: s.id, Epoch: known + 1}
+	return known + 1, nil
+}
