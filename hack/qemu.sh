@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: Debian 12's QEMU source package (pinned, checked against
-# the .dsc's SHA-256) with its own patches, plus lockstep's two fixes for COLO under TCG
-# (hack/qemu/*.patch): the big lock around the checkpoint's live state (DESIGN.md explains the
-# deadlock), and a flush of translated code after the secondary's RAM is rewritten at a
-# checkpoint (without it the secondary runs stale code and a failover continues from a corrupted
-# guest). Only
+# the .dsc's SHA-256) with its own patches, plus lockstep's three fixes for COLO under TCG
+# (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state (DESIGN.md
+# explains the deadlock), TCG's TLB reset after a dirty-bitmap sync (without it pages written
+# between checkpoints are missed and the secondary's guest diverges), and a flush of translated
+# code after the secondary's RAM is rewritten at a checkpoint. Only
 # qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
 # (qemu-img for the active and hidden disks) are built.
 #
