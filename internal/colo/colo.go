@@ -167,9 +167,10 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // StartPrimary makes a primary whose disk was resynced (and whose VM is stopped, so that nothing
 // changes between the resync and the migration) replicate its disk writes, divert its packets
 // through colo-compare, and migrate into COLO with a checkpoint at least every checkpoint
-// (colo-compare forces one sooner when the two sides' packets differ). afterRewriter is set on a
+// (colo-compare forces one sooner when the two sides' packets differ, or when a packet of the
+// primary found no match within compareTimeout; it looks for such packets every compareTimeout/2). afterRewriter is set on a
 // primary that was a secondary: its filters must come before the filter-rewriter it kept.
-func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint time.Duration, afterRewriter bool) error {
+func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compareTimeout time.Duration, afterRewriter bool) error {
 	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
 		s.Path(StreamNBD)+",file.export=parent0,node-name=replication0"); err != nil {
 		return err
@@ -190,7 +191,8 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint time.D
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
-		{"object-add", map[string]any{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1"}},
+		{"object-add", map[string]any{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
+			"compare_timeout": max(compareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(compareTimeout.Milliseconds()/2, 1)}},
 		colo(),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},

@@ -33,6 +33,11 @@ type EngineConfig struct {
 	Sockets Sockets
 	// Checkpoint is the longest time between two checkpoints (x-checkpoint-delay).
 	Checkpoint time.Duration
+	// CompareTimeout is how long colo-compare holds a packet of the primary that the secondary
+	// has not matched before it forces a checkpoint (QEMU's default: 3 s). A short one bounds the
+	// latency that a slow or diverging secondary adds to the VM's replies, at the cost of more
+	// checkpoints.
+	CompareTimeout time.Duration
 	// Command makes the QEMU process from its arguments; it may wrap them (a network namespace,
 	// a cgroup). The engine starts it, and kills it when the side is fenced.
 	Command func(args []string) *exec.Cmd
@@ -81,6 +86,7 @@ type Engine struct {
 type pairing struct {
 	cancel   context.CancelFunc
 	counters []*relay.Counters
+	names    []string // the stream of each counter
 	routes   []string
 	cps      *Checkpoints
 }
@@ -89,6 +95,9 @@ type pairing struct {
 func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.Checkpoint <= 0 {
 		cfg.Checkpoint = 2 * time.Second
+	}
+	if cfg.CompareTimeout <= 0 {
+		cfg.CompareTimeout = 3 * time.Second
 	}
 	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary}
 }
@@ -179,10 +188,10 @@ func (e *Engine) pairWith(cps *Checkpoints, dials, listens []string) {
 		if err := f.Listen(pctx); err != nil {
 			e.cfg.Log.Error(err, "relay")
 		}
-		p.counters = append(p.counters, &f.Counters)
+		p.counters, p.names = append(p.counters, &f.Counters), append(p.names, s)
 	}
 	for _, s := range listens {
-		p.counters = append(p.counters, e.cfg.Relay.Route(e.cfg.Pair, s, e.cfg.Sockets.Path(s)))
+		p.counters, p.names = append(p.counters, e.cfg.Relay.Route(e.cfg.Pair, s, e.cfg.Sockets.Path(s))), append(p.names, s)
 		p.routes = append(p.routes, s)
 	}
 	e.mu.Lock()
@@ -276,6 +285,20 @@ func (e *Engine) Streams() lockstepd.StreamStats {
 		}
 	}
 	return st
+}
+
+// StreamBytes is, for each stream of the current pairing, the bytes this node carried to the
+// peer and from it.
+func (e *Engine) StreamBytes() map[string][2]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string][2]uint64{}
+	if e.streams != nil {
+		for i, c := range e.streams.counters {
+			out[e.streams.names[i]] = [2]uint64{c.Sent(), c.Received()}
+		}
+	}
+	return out
 }
 
 // PID is QEMU's process id (0 before Start).
@@ -457,7 +480,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec lockstepd.Recorde
 	e.mu.Lock()
 	afterRewriter := e.wasSecondary
 	e.mu.Unlock()
-	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Checkpoint, afterRewriter); err != nil {
+	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Checkpoint, e.cfg.CompareTimeout, afterRewriter); err != nil {
 		return err
 	}
 	select {

@@ -37,6 +37,7 @@ func BenchmarkColoFailover(b *testing.B) {
 	busy := c.measure(p, window, func() { cl.next("busy", 10*time.Second) })
 	b.Logf("idle guest: %s", idle)
 	b.Logf("busy guest (a request after the other): %s", busy)
+	b.Logf("the primary's streams (sent, received): %v; the secondary's: %v", p.engine.StreamBytes(), s.engine.StreamBytes())
 
 	var failovers []time.Duration
 	for i := range runs {

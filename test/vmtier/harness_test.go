@@ -41,6 +41,16 @@ const (
 	diskSize   = "64M"
 )
 
+// compareTimeout is colo-compare's: 100ms, or VMTIER_COMPARE_TIMEOUT (a Go duration; QEMU's
+// default is 3s). Under TCG the secondary rarely produces its packets in time, so the timeout
+// sets the latency of the VM's replies (docs/colo.md).
+func compareTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("VMTIER_COMPARE_TIMEOUT")); err == nil {
+		return d
+	}
+	return 100 * time.Millisecond
+}
+
 // cluster is one test's network, nodes and pair. The network, all in namespaces the test makes:
 // a client namespace and a switch namespace with two bridges, brw for the VM's network and brl
 // for the logging network; each node namespace has a bridge br0 with the VM's tap and an uplink
@@ -193,7 +203,7 @@ func (c *cluster) start(n *node, primary bool, peer *node) *member {
 	m.engine = colo.NewEngine(colo.EngineConfig{
 		Pair: pairName, Primary: primary, VM: m.vm,
 		Disk: file("disk.qcow2"), Parent: file("parent.qcow2"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"),
-		Sockets: colo.Sockets{Dir: m.dir}, Checkpoint: checkpoint,
+		Sockets: colo.Sockets{Dir: m.dir}, Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
 		Command: func(args []string) *exec.Cmd {
 			cmd := exec.Command("ip", append([]string{"netns", "exec", n.ns, filepath.Join(c.qemu, "bin", "qemu-system-x86_64")}, args...)...)
 			cmd.Stdout, cmd.Stderr = logf, logf
