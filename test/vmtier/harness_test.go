@@ -205,6 +205,10 @@ func (c *cluster) start(n *node, primary bool, peer *node) *member {
 		Disk: file("disk.qcow2"), Parent: file("parent.qcow2"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"),
 		Sockets: colo.Sockets{Dir: m.dir}, Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
 		Command: func(args []string) *exec.Cmd {
+			// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to qemu.log.
+			for _, pat := range strings.Fields(os.Getenv("VMTIER_TRACE")) {
+				args = append(args, "-trace", pat)
+			}
 			cmd := exec.Command("ip", append([]string{"netns", "exec", n.ns, filepath.Join(c.qemu, "bin", "qemu-system-x86_64")}, args...)...)
 			cmd.Stdout, cmd.Stderr = logf, logf
 			return cmd
