@@ -44,14 +44,8 @@ func paths(tb testing.TB) []path {
 			})
 			return ln
 		},
-		dial: func(ctx context.Context, addr string) (c net.Conn, err error) {
-			if nerr := testnet.Enter(link.A, func() {
-				var d net.Dialer
-				c, err = d.DialContext(ctx, "tcp", addr)
-			}); nerr != nil {
-				return nil, nerr
-			}
-			return c, err
+		dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			return testnet.DialContext(ctx, link.A, "tcp", addr)
 		},
 	}
 	return []path{lo, veth}

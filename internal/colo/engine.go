@@ -79,7 +79,6 @@ type Engine struct {
 	streams      *pairing
 	bytesDone    uint64
 	interval     time.Duration // moving average of the checkpoint intervals
-	stopped      bool
 }
 
 // pairing is the relayed streams of one protection (or, on a secondary, of its pair).
@@ -88,7 +87,6 @@ type pairing struct {
 	counters []*relay.Counters
 	names    []string // the stream of each counter
 	routes   []string
-	cps      *Checkpoints
 }
 
 // NewEngine makes a member's engine; Start launches its QEMU.
@@ -142,7 +140,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	e.cmd, e.exited = cmd, exited
 	e.mu.Unlock()
-	q, err := dialQMP(ctx, e.cfg.VM.QMP, exited)
+	q, err := qmp.DialWhenUp(ctx, e.cfg.VM.QMP, exited)
 	if err != nil {
 		e.Stop()
 		return err
@@ -159,27 +157,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-func dialQMP(ctx context.Context, path string, exited <-chan struct{}) (*qmp.Conn, error) {
-	for {
-		q, err := qmp.Dial(ctx, path)
-		if err == nil {
-			return q, nil
-		}
-		select {
-		case <-exited:
-			return nil, errors.New("QEMU exited before its QMP socket answered")
-		case <-ctx.Done():
-			return nil, fmt.Errorf("QMP %s: %w", path, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // pairWith relays the pair's streams: forwards for the ones this side's QEMU dials, routes for
 // the ones it listens on, until unpair. cps, when set, reads the migration stream's return path.
 func (e *Engine) pairWith(cps *Checkpoints, dials, listens []string) {
 	pctx, cancel := context.WithCancel(context.Background())
-	p := &pairing{cancel: cancel, cps: cps}
+	p := &pairing{cancel: cancel}
 	for _, s := range dials {
 		f := &relay.Forward{Pair: e.cfg.Pair, Stream: s, Path: e.cfg.Sockets.Path(s), Peer: e.peerAddr, TLS: e.cfg.TLS, Dial: e.cfg.Dial}
 		if s == StreamMigration && cps != nil {
@@ -327,7 +309,6 @@ func (e *Engine) Execute(ctx context.Context, cmd string, args, result any) erro
 func (e *Engine) Stop() {
 	e.mu.Lock()
 	cmd, exited := e.cmd, e.exited
-	e.stopped = true
 	e.mu.Unlock()
 	e.unpair()
 	if cmd == nil || cmd.Process == nil {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // Event is an asynchronous message from QEMU.
@@ -72,6 +73,24 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 		return nil, err
 	}
 	return New(ctx, nc)
+}
+
+// DialWhenUp dials the QMP socket at path until QEMU answers: QEMU creates the socket some time
+// after it starts. It gives up when ctx ends or when exited is closed (QEMU died first).
+func DialWhenUp(ctx context.Context, path string, exited <-chan struct{}) (*Conn, error) {
+	for {
+		q, err := Dial(ctx, path)
+		if err == nil {
+			return q, nil
+		}
+		select {
+		case <-exited:
+			return nil, errors.New("QEMU exited before its QMP socket answered")
+		case <-ctx.Done():
+			return nil, fmt.Errorf("QMP %s: %w", path, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // New runs QMP over an established connection.

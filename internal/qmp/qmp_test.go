@@ -91,3 +91,31 @@ func TestNotQMP(t *testing.T) {
 		t.Fatal("a peer that is not QEMU was accepted")
 	}
 }
+
+func TestDialWhenUpWaitsForTheSocketAndGivesUpWhenQEMUExits(t *testing.T) {
+	sock := t.TempDir() + "/qmp.sock"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		time.Sleep(200 * time.Millisecond) // QEMU creates its socket a while after it starts
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		if c, err := ln.Accept(); err == nil {
+			fakeQEMU(t, c)
+		}
+	}()
+	q, err := DialWhenUp(ctx, sock, nil)
+	if err != nil {
+		t.Fatalf("the socket appeared after 200ms: %v", err)
+	}
+	_ = q.Close()
+
+	exited := make(chan struct{})
+	close(exited)
+	if _, err := DialWhenUp(ctx, t.TempDir()+"/none.sock", exited); err == nil || ctx.Err() != nil {
+		t.Fatalf("QEMU had exited: err %v, want an error at once", err)
+	}
+}

@@ -104,6 +104,22 @@ func TestForwardCarriesBothWaysAndCounts(t *testing.T) {
 	}
 }
 
+// openStream connects to a forward's socket and checks one byte's round trip through the echo.
+func openStream(t *testing.T, path string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // closed reports whether c is closed by the other end within a second.
 func closed(c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(time.Second))
@@ -125,16 +141,7 @@ func TestUnknownStreamIsRefusedAndUnrouteCuts(t *testing.T) {
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
 	echo(t, qemuSock)
 	n.server.Route("ns/vm", "nbd", qemuSock)
-	c, err = net.Dial("unix", f.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	c = openStream(t, f.Path)
 	n.server.Unroute("ns/vm", "nbd")
 	if !closed(c) {
 		t.Fatal("Unroute did not cut the open stream")
@@ -148,16 +155,7 @@ func TestForwardCutsItsStreamsWhenStopped(t *testing.T) {
 	n.server.Route("ns/vm", "mirror", qemuSock)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := n.forward(t, ctx, "mirror", nil)
-	c, err := net.Dial("unix", f.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	c := openStream(t, f.Path)
 	cancel()
 	if !closed(c) {
 		t.Fatal("stopping the forward left its stream open")

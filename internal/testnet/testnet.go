@@ -6,6 +6,7 @@
 package testnet
 
 import (
+	"context"
 	"io"
 	"net"
 	"os"
@@ -89,6 +90,21 @@ func Enter(name string, fn func()) error {
 	}()
 	fn()
 	return nil
+}
+
+// DialContext dials addr from inside namespace ns ("" for the test's own): the connection
+// belongs to that namespace.
+func DialContext(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if ns == "" {
+		return d.DialContext(ctx, network, addr)
+	}
+	var c net.Conn
+	var err error
+	if e := Enter(ns, func() { c, err = d.DialContext(ctx, network, addr) }); e != nil {
+		return nil, e
+	}
+	return c, err
 }
 
 // Star is a hub namespace and a leaf namespace per name, each leaf joined to the hub by two veth
@@ -193,17 +209,7 @@ func Forward(tb testing.TB, listenNS, listenAddr, dialNS, dialAddr string) (stri
 		on    = true
 		conns = map[net.Conn]bool{}
 	)
-	dial := func() (net.Conn, error) {
-		if dialNS == "" {
-			return net.Dial("tcp", dialAddr)
-		}
-		var c net.Conn
-		var err error
-		if e := Enter(dialNS, func() { c, err = net.Dial("tcp", dialAddr) }); e != nil {
-			return nil, e
-		}
-		return c, err
-	}
+	dial := func() (net.Conn, error) { return DialContext(context.Background(), dialNS, "tcp", dialAddr) }
 	go func() {
 		for {
 			in, err := ln.Accept()

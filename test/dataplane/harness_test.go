@@ -478,14 +478,8 @@ func readTraces(t testing.TB, c *cluster) []applied {
 // get fetches a URL from inside the node's namespace (its lockstepd's metrics and probes).
 func (c *cluster) get(nd *node, url string) (int, string) {
 	c.t.Helper()
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
-		if e := testnet.Enter(nd.leaf, func() {
-			var d net.Dialer
-			conn, err = d.DialContext(ctx, network, addr)
-		}); e != nil {
-			return nil, e
-		}
-		return conn, err
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return testnet.DialContext(ctx, nd.leaf, network, addr)
 	}}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get(url)

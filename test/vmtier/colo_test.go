@@ -3,71 +3,12 @@
 package vmtier
 
 import (
-	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/qmp"
 )
-
-// qemuProc is a QEMU run by a test; exited receives its end.
-type qemuProc struct {
-	cmd    *exec.Cmd
-	exited chan error
-}
-
-// startQEMU runs QEMU inside namespace ns, logging to log; it is killed when the test ends.
-func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *qemuProc {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, filepath.Join(qemu, "bin", "qemu-system-x86_64")}, args...)...)
-	f, err := os.Create(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &qemuProc{cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait(); _ = f.Close() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-		p.exited <- nil // for a later reader
-	})
-	return p
-}
-
-// dialQMP connects to the QEMU's QMP socket once it is up, failing at once if QEMU exits.
-func dialQMP(t *testing.T, ctx context.Context, p *qemuProc, sock string) *qmp.Conn {
-	for {
-		q, err := qmp.Dial(ctx, sock)
-		if err == nil {
-			t.Cleanup(func() { _ = q.Close() })
-			return q
-		}
-		select {
-		case werr := <-p.exited:
-			p.exited <- werr
-			t.Fatalf("QEMU exited before QMP answered: %v", werr)
-		default:
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("QMP %s: %v", sock, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func qemuImg(t testing.TB, qemu string, args ...string) {
-	if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), args...).CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img %v: %v\n%s", args, err, out)
-	}
-}
 
 // protectedPair boots the guest on a primary on node a, serves a first reply from it alone,
 // protects it with a secondary on node b and serves five replies under COLO.

@@ -12,7 +12,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 )
 
@@ -52,10 +52,9 @@ var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
 
 // ask sends one request to the guest's counter from the client namespace.
 func ask(ns, addr string) (count int, bootID string, disk int, err error) {
-	var c net.Conn
-	if e := testnet.Enter(ns, func() { c, err = net.DialTimeout("tcp", addr, 5*time.Second) }); e != nil {
-		return 0, "", 0, e
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := testnet.DialContext(ctx, ns, "tcp", addr)
 	if err != nil {
 		return 0, "", 0, err
 	}
@@ -141,4 +140,46 @@ func TestGuestServesACounter(t *testing.T) {
 			t.Fatalf("request %d: count %d, disk %d, boot id %s (first %s)", i, count, onDisk, id, boot)
 		}
 	}
+}
+
+// qemuProc is a QEMU run by a test; done is closed when it exits, with err its end.
+type qemuProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// startQEMU runs QEMU inside namespace ns, logging to log; it is killed when the test ends.
+func startQEMU(t *testing.T, ns, qemu string, args []string, log string) *qemuProc {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, filepath.Join(qemu, "bin", "qemu-system-x86_64")}, args...)...)
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &qemuProc{cmd: cmd, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); _ = f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// dialQMP connects to the QEMU's QMP socket once it is up, failing at once if QEMU exits.
+func dialQMP(t *testing.T, ctx context.Context, p *qemuProc, sock string) *qmp.Conn {
+	q, err := qmp.DialWhenUp(ctx, sock, p.done)
+	if err != nil {
+		select {
+		case <-p.done:
+			t.Fatalf("%v: %v", err, p.err)
+		default:
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = q.Close() })
+	return q
 }

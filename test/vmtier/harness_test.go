@@ -156,15 +156,7 @@ func (c *cluster) addNode(i int) {
 // dialFrom dials addr from inside the node's namespace (lockstepd's outgoing connections).
 func dialFrom(n *node) func(ctx context.Context, addr string) (net.Conn, error) {
 	return func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		var err error
-		if e := testnet.Enter(n.ns, func() {
-			var d net.Dialer
-			c, err = d.DialContext(ctx, "tcp", addr)
-		}); e != nil {
-			return nil, e
-		}
-		return c, err
+		return testnet.DialContext(ctx, n.ns, "tcp", addr)
 	}
 }
 
@@ -392,6 +384,13 @@ func (cl *client) checkDisk(m *member) {
 		t.Fatalf("the disk's sector 0 on %s reads %q, want count=%d", m.name, out, cl.last)
 	}
 	t.Logf("the disk on %s holds count=%s", m.name, got[1])
+}
+
+// qemuImg runs qemu-img (to make the members' disk images).
+func qemuImg(t testing.TB, qemu string, args ...string) {
+	if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img %v: %v\n%s", args, err, out)
+	}
 }
 
 func testLogger(t testing.TB, name string) logr.Logger {
