@@ -43,8 +43,8 @@ fmt: ## go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## go vet (the e2e suite too).
-	go vet -tags e2e,vmtier ./...
+vet: ## go vet (the e2e, VM and chaos suites too).
+	go vet -tags e2e,vmtier,chaos ./...
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
@@ -61,11 +61,11 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-dataplane test-vm test-e2e ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-dataplane test-vm test-e2e test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/...
+	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -88,6 +88,10 @@ test-vm: vm-assets ## The VM tier: COLO pairs of real QEMU driven by lockstepd's
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
 	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
+
+.PHONY: test-chaos
+test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40); CHAOS_KEEP=1 leaves the cluster up.
+	go test -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench
 bench: envtest-assets test-crds vm-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU.

@@ -180,8 +180,9 @@ func (r *FaultTolerantVMReconciler) markPrimaryDisks(ctx context.Context, vmi *v
 }
 
 // phaseCollectDiskCopies deletes copies that no member uses and that are not the VM's current
-// disk. It runs only while the pair is whole, and spares copies newer than the oldest member, so
-// that a copy made for a member the cache does not show yet is never taken.
+// disk: those of members that are gone, and those of a member whose creation a crash cut short.
+// It runs only while the pair is whole, and spares copies newer than the newest member, so that a
+// copy made for a member the cache does not show yet is never taken.
 func (r *FaultTolerantVMReconciler) phaseCollectDiskCopies(ctx context.Context, s *scope) error {
 	if s.primary == nil || s.secondary == nil {
 		return nil
@@ -191,7 +192,7 @@ func (r *FaultTolerantVMReconciler) phaseCollectDiskCopies(ctx context.Context, 
 		return err
 	}
 	used := map[string]bool{}
-	oldest := min(s.primary.ordinal, s.secondary.ordinal)
+	newest := max(s.primary.ordinal, s.secondary.ordinal)
 	for _, mv := range []*memberView{s.primary, s.secondary} {
 		for _, v := range mv.vmi.Spec.Volumes {
 			if v.PersistentVolumeClaim != nil {
@@ -202,7 +203,7 @@ func (r *FaultTolerantVMReconciler) phaseCollectDiskCopies(ctx context.Context, 
 	for i := range copies {
 		c := &copies[i]
 		ordinal, _ := strconv.Atoi(c.Annotations[ftv1.AnnotationOrdinal])
-		if used[c.Name] || ordinal >= oldest || c.DeletionTimestamp != nil ||
+		if used[c.Name] || ordinal > newest || c.DeletionTimestamp != nil ||
 			currentDisk(copies, c.Labels[labelVolume], "") == c.Name {
 			continue
 		}

@@ -10,7 +10,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	dto "github.com/prometheus/client_model/go"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -114,7 +116,7 @@ var _ = Describe("FaultTolerantVM", func() {
 
 		It("keeps pairs of the same name in different namespaces apart only from their own partner", func() {
 			// Two nodes, two VMs named alike: each pair must use both nodes.
-			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}})).To(Succeed())
+			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName("node-3")}})).To(Succeed())
 			other := newNamespace()
 			Expect(k8s.Create(ctx(), newFTVM(ns, "twin"))).To(Succeed())
 			Expect(k8s.Create(ctx(), newFTVM(other, "twin"))).To(Succeed())
@@ -154,7 +156,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			for _, c := range table.ColumnDefinitions {
 				names = append(names, c.Name)
 			}
-			Expect(names).To(Equal([]string{"Name", "State", "Primary", "Secondary", "Interval", "Bandwidth", "Failovers", "Age"}))
+			Expect(names).To(Equal([]string{"Name", "State", "Primary", "Secondary", "Interval", "Bandwidth", "Failovers", "Epoch", "Age"}))
 			Expect(table.Rows).To(HaveLen(1))
 			cells := table.Rows[0].Cells
 			Expect(cells[0:6]).To(Equal([]interface{}{"cols", "Protected", got.Status.Primary.Node, got.Status.Secondary.Node, "10ms", "83k"}))
@@ -308,6 +310,67 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(eventMessages(ns, "vm", ftv1.ReasonPromoted)).To(ContainSubstring("lockstepd reports secondary " + oldSecondary.VMI))
 		})
 
+		It("follows lockstepd when its secondary wins the pair's Lease: relabels, fences the old primary, counts once", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// What the secondary's lockstepd does when it goes live: compare-and-set on the record.
+			lease := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+			Expect(*lease.Spec.HolderIdentity).To(Equal(ftv1.SideIdentity(oldPrimary.Node, oldPrimary.VMI)))
+			identity, epoch := ftv1.SideIdentity(oldSecondary.Node, oldSecondary.VMI), *lease.Spec.LeaseTransitions+1
+			lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &identity, &epoch
+			Expect(k8s.Update(ctx(), lease)).To(Succeed())
+
+			after := waitFor(ns, "vm", "protected by a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != oldSecondary.VMI
+			})
+			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI))
+			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
+			Expect(after.Status.Epoch).To(Equal(int64(epoch)))
+			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
+			Expect(eventMessages(ns, "vm", ftv1.ReasonPromoted)).To(ContainSubstring("lockstepd won the pair's Lease"))
+			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonMemberFenced))
+			Consistently(func() int32 { return getFTVM(ns, "vm").Status.FailoverCount }, time.Second, interval).Should(Equal(int32(1)))
+		})
+
+		It("fences a second member labelled primary that does not hold the record, and starts no third", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// A bug, or an older version, labels the secondary primary without the record.
+			vmi, err := getVMI(ns, oldSecondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			base := vmi.DeepCopy()
+			vmi.Labels[ftv1.LabelRole] = ftv1.RolePrimary
+			Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
+
+			Eventually(isGone(ns, oldSecondary.VMI), timeout, interval).Should(BeTrue())
+			after := waitFor(ns, "vm", "protected by a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != oldSecondary.VMI
+			})
+			Expect(after.Status.Primary.VMI).To(Equal(oldPrimary.VMI), "the record's holder stays the primary")
+			Expect(after.Status.FailoverCount).To(BeZero())
+			Expect(eventMessages(ns, "vm", ftv1.ReasonMemberFenced)).To(ContainSubstring("does not hold the pair's record"))
+			Expect(members(ns, "vm")).To(HaveLen(2))
+		})
+
+		It("removes everything it made when deleted mid-failover, the logging network and the record included", func() {
+			withNet := newFTVM(ns, "net")
+			withNet.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
+			Expect(k8s.Create(ctx(), withNet)).To(Succeed())
+			before := waitForState(ns, "net", ftv1.StateProtected)
+			// The primary's node stops answering: the failover has begun but the grace has not run out.
+			node := &corev1.Node{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: before.Status.Primary.Node}, node)).To(Succeed())
+			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
+			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			Expect(k8s.Delete(ctx(), getFTVM(ns, "net"))).To(Succeed())
+			Eventually(func() error {
+				return k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "made-net"}, &nadv1.NetworkAttachmentDefinition{})
+			}, timeout, interval).Should(Satisfy(apierrors.IsNotFound))
+			Eventually(func() error {
+				return k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("net")}, &coordinationv1.Lease{})
+			}, timeout, interval).Should(Satisfy(apierrors.IsNotFound))
+			Expect(members(ns, "net")).To(BeEmpty())
+		})
+
 		It("starts a new secondary when the secondary's node is deleted", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
 			Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: oldSecondary.Node}})).To(Succeed())
@@ -437,7 +500,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			makeNode("small", "zone-a")
 			makeNode("big", "zone-a")
 			node := &corev1.Node{}
-			Expect(k8s.Get(ctx(), types.NamespacedName{Name: "small"}, node)).To(Succeed())
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: nodeName("small")}, node)).To(Succeed())
 			base := node.DeepCopy()
 			node.Annotations = map[string]string{ftv1.AnnotationNodeMaxVMs: "1"}
 			Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
@@ -450,7 +513,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			Eventually(func() []ftv1.FTState {
 				return []ftv1.FTState{getFTVM(ns, "vm-0").Status.State, getFTVM(ns, "vm-1").Status.State}
 			}, timeout, interval).Should(ContainElement(ftv1.StateProtected))
-			Consistently(func() int { return membersOnNode("small") }, 2*time.Second, interval).Should(Equal(1))
+			Consistently(func() int { return membersOnNode(nodeName("small")) }, 2*time.Second, interval).Should(Equal(1))
 
 			By("deleting the protected VM, its slot goes to the waiting one")
 			protected, waiting := "vm-0", "vm-1"
@@ -460,7 +523,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(condition(getFTVM(ns, waiting), ftv1.ConditionProtected).Reason).To(Equal(ftv1.ReasonNoEligibleNode))
 			Expect(k8s.Delete(ctx(), getFTVM(ns, protected))).To(Succeed())
 			waitForState(ns, waiting, ftv1.StateProtected)
-			Expect(membersOnNode("small")).To(Equal(1))
+			Expect(membersOnNode(nodeName("small"))).To(Equal(1))
 		})
 	})
 

@@ -8,6 +8,7 @@ import (
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -39,13 +40,24 @@ func newNamespace() string {
 
 func ctx() context.Context { return suiteCtx }
 
-// makeNode creates a Ready node with a zone label.
-func makeNode(name, zone string) {
+// labelTestNode marks the nodes the tests make.
+const labelTestNode = "lockstep.test/node"
+
+// nodeName is the node a spec calls name: node names are the spec's own, so that nothing another
+// spec left behind can ever hold a slot on them.
+func nodeName(name string) string {
+	return fmt.Sprintf("s%d-%s", CurrentSpecReport().LeafNodeLocation.LineNumber, name)
+}
+
+// makeNode creates a Ready node with a zone label, named by nodeName, and returns its name.
+func makeNode(name, zone string) string {
+	name = nodeName(name)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone,
+		corev1.LabelHostname: name, corev1.LabelTopologyZone: zone, labelTestNode: "true",
 	}}}
 	Expect(k8s.Create(ctx(), node)).To(Succeed())
 	setNodeReady(name, true)
+	return name
 }
 
 // setNodeReady sets the node's Ready condition; a node set not Ready went down an hour ago, so
@@ -82,18 +94,18 @@ func setNodeReady(name string, ready bool) {
 	}, timeout, interval).Should(Succeed())
 }
 
-// deleteAllNodes removes every node, so that each test places on its own nodes.
+// deleteAllNodes removes the nodes the tests made.
 func deleteAllNodes() {
-	Expect(k8s.DeleteAllOf(ctx(), &corev1.Node{})).To(Succeed())
+	Expect(k8s.DeleteAllOf(ctx(), &corev1.Node{}, client.HasLabels{labelTestNode})).To(Succeed())
 	Eventually(func() int {
 		var nodes corev1.NodeList
-		Expect(k8s.List(ctx(), &nodes)).To(Succeed())
+		Expect(k8s.List(ctx(), &nodes, client.HasLabels{labelTestNode})).To(Succeed())
 		return len(nodes.Items)
 	}, timeout, interval).Should(BeZero())
 }
 
-// deleteAllFTVMs deletes the FaultTolerantVMs of a namespace and waits until they and their
-// members are gone.
+// deleteAllFTVMs deletes the FaultTolerantVMs of a namespace and waits until they are gone;
+// their finalizer removes everything the operator made (expectNothingLeft checks it).
 func deleteAllFTVMs(ns string) {
 	Expect(k8s.DeleteAllOf(ctx(), &ftv1.FaultTolerantVM{}, client.InNamespace(ns))).To(Succeed())
 	Eventually(func() int {
@@ -101,6 +113,54 @@ func deleteAllFTVMs(ns string) {
 		Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
 		return len(list.Items)
 	}, timeout, interval).Should(BeZero())
+}
+
+// leftovers lists what the operator made and a test made that is still in the cluster.
+func leftovers() []string {
+	var out []string
+	var ftvms ftv1.FaultTolerantVMList
+	Expect(k8s.List(ctx(), &ftvms)).To(Succeed())
+	for _, f := range ftvms.Items {
+		out = append(out, "FaultTolerantVM "+f.Namespace+"/"+f.Name)
+	}
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx(), &vmis)).To(Succeed())
+	for _, v := range vmis.Items {
+		out = append(out, "VirtualMachineInstance "+v.Namespace+"/"+v.Name)
+	}
+	managed := client.MatchingLabels{ftv1.LabelManagedBy: ftv1.ManagedByValue}
+	var pvcs corev1.PersistentVolumeClaimList
+	Expect(k8s.List(ctx(), &pvcs, managed)).To(Succeed())
+	for _, c := range pvcs.Items {
+		// A deleted claim keeps kubernetes.io/pvc-protection until kube-controller-manager, which
+		// envtest does not run, removes it: being deleted is all the operator can do.
+		if c.DeletionTimestamp == nil {
+			out = append(out, "PersistentVolumeClaim "+c.Namespace+"/"+c.Name)
+		}
+	}
+	var leases coordinationv1.LeaseList
+	Expect(k8s.List(ctx(), &leases, managed)).To(Succeed())
+	for _, l := range leases.Items {
+		out = append(out, "Lease "+l.Namespace+"/"+l.Name)
+	}
+	var nads nadv1.NetworkAttachmentDefinitionList
+	Expect(k8s.List(ctx(), &nads, managed)).To(Succeed())
+	for _, n := range nads.Items {
+		out = append(out, "NetworkAttachmentDefinition "+n.Namespace+"/"+n.Name)
+	}
+	var nodes corev1.NodeList
+	Expect(k8s.List(ctx(), &nodes, client.HasLabels{labelTestNode})).To(Succeed())
+	for _, n := range nodes.Items {
+		out = append(out, "Node "+n.Name)
+	}
+	return out
+}
+
+// expectNothingLeft fails, naming the spec, when a spec left anything behind: the next spec
+// must find the cluster as the suite started it.
+func expectNothingLeft() {
+	spec := CurrentSpecReport().FullText()
+	Eventually(leftovers, timeout, interval).Should(BeEmpty(), "spec %q left these behind", spec)
 }
 
 // newFTVM is a 1 vCPU, 1 GiB FaultTolerantVM.

@@ -37,6 +37,13 @@ func readObjects(path string) []*unstructured.Unstructured {
 }
 
 var _ = Describe("Installation", func() {
+	var ns string
+	AfterEach(func() {
+		if ns != "" {
+			deleteAllFTVMs(ns)
+		}
+	})
+
 	It("applies the rendered install manifest (CRD, RBAC, operator) and the samples to a real API server", func() {
 		objs := readObjects(filepath.Join("..", "bin", "install.yaml"))
 		kinds := map[string]int{}
@@ -49,7 +56,7 @@ var _ = Describe("Installation", func() {
 		Expect(kinds).To(HaveKey("Deployment"))
 		Expect(kinds).To(HaveKey("PriorityClass"))
 
-		ns := newNamespace()
+		ns = newNamespace()
 		for _, f := range []string{"ft-logging-network.yaml", "ft_v1alpha1_faulttolerantvm.yaml"} {
 			for _, u := range readObjects(filepath.Join("..", "config", "samples", f)) {
 				u.SetNamespace(ns)
@@ -62,6 +69,5 @@ var _ = Describe("Installation", func() {
 		sample := getFTVM(ns, "mail-01")
 		Expect(sample.Spec.RunStrategy).To(Equal(ftv1.RunStrategyRunning))
 		Expect(sample.Spec.ExpectedLoad.DiskReadMBps).To(Equal(int32(10)))
-		deleteAllFTVMs(ns)
 	})
 })

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/member"
@@ -51,4 +52,39 @@ func ensureLoggingNetwork(ctx context.Context, c client.Client, ftvm *ftv1.Fault
 		return "", err
 	}
 	return "", nil
+}
+
+// releaseLoggingNetwork deletes the logging network of a FaultTolerantVM being deleted when the
+// operator created it (from spec.loggingNetwork.config) and no other FaultTolerantVM, in any
+// namespace, uses it. A definition the user made is never touched.
+func (r *FaultTolerantVMReconciler) releaseLoggingNetwork(ctx context.Context, ftvm *ftv1.FaultTolerantVM) error {
+	ns, name := member.LoggingNetworkKey(ftvm)
+	var nad nadv1.NetworkAttachmentDefinition
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &nad); err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || meta.IsNoMatchError(err) {
+			return nil
+		}
+		return err
+	}
+	if nad.Labels[ftv1.LabelManagedBy] != ftv1.ManagedByValue || nad.DeletionTimestamp != nil {
+		return nil
+	}
+	var all ftv1.FaultTolerantVMList
+	if err := r.APIReader.List(ctx, &all); err != nil {
+		return err
+	}
+	for i := range all.Items {
+		other := &all.Items[i]
+		if other.UID == ftvm.UID || other.DeletionTimestamp != nil {
+			continue
+		}
+		if ons, oname := member.LoggingNetworkKey(other); ons == ns && oname == name {
+			return nil // still in use
+		}
+	}
+	if err := r.Delete(ctx, &nad, client.Preconditions{UID: &nad.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting the logging network %s/%s: %w", ns, name, err)
+	}
+	log.FromContext(ctx).Info("deleted the logging network the operator created", "network", ns+"/"+name)
+	return nil
 }

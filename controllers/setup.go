@@ -5,6 +5,7 @@ import (
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -30,13 +31,15 @@ func NewScheme() *runtime.Scheme {
 	return s
 }
 
-// CacheOptions keeps only lockstep's own VMIs and claims in memory: a cluster may run many VMs
+// CacheOptions keeps only lockstep's own VMIs, claims and Leases in memory: a cluster may run many VMs
 // that are not fault tolerant. Other claims (the user's) are read through the API reader.
 func CacheOptions() cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{ftv1.LabelManagedBy: ftv1.ManagedByValue})
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&virtv1.VirtualMachineInstance{}: {Label: managed},
 		&corev1.PersistentVolumeClaim{}:  {Label: managed},
+		// The pairs' records, not the nodes' heartbeats.
+		&coordinationv1.Lease{}: {Label: managed},
 	}}
 }
 

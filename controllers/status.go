@@ -27,6 +27,13 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	st.Primary = memberStatus(s.primary)
 	st.Secondary = memberStatus(s.secondary)
 	st.ReservedLogBandwidthMbps = int32(r.logBandwidthMbps(ftvm))
+	if rec := s.record; rec != nil && rec.Exists {
+		// The record counts the promotions; the status shows them.
+		st.Epoch, st.FailoverCount = rec.Epoch, rec.Promotions
+		if rec.lastPromotion != nil {
+			st.LastFailoverTime = rec.lastPromotion
+		}
+	}
 	halted := ftvm.Spec.RunStrategy == ftv1.RunStrategyHalted
 
 	set := func(typ string, ok bool, reason, msg string) {
@@ -61,6 +68,11 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 			msg += "; members are stopping"
 		}
 		set(ftv1.ConditionProtected, false, ftv1.ReasonHalted, msg)
+	case s.waiting:
+		st.State = ftv1.StateNotProtected
+		set(ftv1.ConditionProtected, false, ftv1.ReasonWaitingForSecondary,
+			fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
+				s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message))
 	case s.promoted:
 		st.State = ftv1.StateFailingOver
 		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
@@ -89,6 +101,32 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		set(ftv1.ConditionProtected, false, sReason, "the VM runs without a secondary: "+sMsg)
 	}
 
+	setFencedCondition(s, set)
+	setRestartRequired(s, set)
+}
+
+// setFencedCondition says whether a member is being fenced, and why.
+func setFencedCondition(s *scope, set func(typ string, ok bool, reason, msg string)) {
+	if fenced := s.fencedMembers(); len(fenced) > 0 {
+		mv := fenced[0]
+		reason := mv.vmi.Annotations[ftv1.AnnotationFencedReason]
+		if reason == "" {
+			reason = ftv1.ReasonMemberFenced
+		}
+		msg := fmt.Sprintf("%s on node %s is fenced and being deleted: %s", mv.vmi.Name, mv.node, mv.vmi.Annotations[ftv1.AnnotationFencedMessage])
+		if len(fenced) > 1 {
+			msg += fmt.Sprintf(" (and %d more)", len(fenced)-1)
+		}
+		set(ftv1.ConditionMemberFenced, true, reason, msg)
+	} else {
+		set(ftv1.ConditionMemberFenced, false, ftv1.ReasonNoneFenced, "no member is being fenced")
+	}
+
+}
+
+// setRestartRequired says whether the members run an older template than the spec's.
+func setRestartRequired(s *scope, set func(typ string, ok bool, reason, msg string)) {
+	ftvm, st := s.ftvm, &s.ftvm.Status
 	if s.primary != nil {
 		want, err := templateHash(ftvm)
 		if err == nil && want != s.primary.vmi.Annotations[ftv1.AnnotationTemplateHash] {
@@ -100,6 +138,19 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	} else {
 		apimeta.RemoveStatusCondition(&st.Conditions, ftv1.ConditionRestartRequired)
 	}
+}
+
+// fencedMembers are the members labelled fenced, not yet gone.
+func (s *scope) fencedMembers() []*memberView {
+	var out []*memberView
+	for _, list := range [][]*memberView{s.members, s.gone} {
+		for _, mv := range list {
+			if mv.vmi.Labels[ftv1.LabelRole] == ftv1.RoleFenced {
+				out = append(out, mv)
+			}
+		}
+	}
+	return out
 }
 
 // memberCondition says whether a member is ready, and why not.
@@ -159,17 +210,20 @@ var warningReasons = map[string]bool{
 	ftv1.ReasonNoEligibleNode: true, ftv1.ReasonNodeLost: true, ftv1.ReasonLoggingNetworkNotFound: true,
 	ftv1.ReasonInvalidSpec: true, ftv1.ReasonDiskNotFound: true, ftv1.ReasonSecondaryLost: true,
 	ftv1.ReasonPrimaryLost: true, health.ReasonNodeNotReady: true, health.ReasonNodeUnreachable: true,
+	ftv1.ReasonDuplicatePrimary: true, ftv1.ReasonWaitingForSecondary: true,
 }
 
 // quietReasons are first states that are not news. Any other state is, even when it is the first
 // this reconcile sees: the cache may not show the status an earlier reconcile wrote.
 var quietReasons = map[string]bool{
 	ftv1.ReasonStarting: true, ftv1.ReasonSecondaryStarting: true, ftv1.ReasonValid: true, ftv1.ReasonTemplateCurrent: true,
+	ftv1.ReasonNoneFenced: true,
 }
 
 // emitTransitions records an event when the Protected, Valid or RestartRequired condition
 // changes; actions (create, promote, replace) record their own.
 func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTolerantVM) {
+	// MemberFenced is announced by the fencing itself (retire), with what was fenced and why.
 	for _, typ := range []string{ftv1.ConditionProtected, ftv1.ConditionValid, ftv1.ConditionRestartRequired} {
 		old := apimeta.FindStatusCondition(before.Status.Conditions, typ)
 		cur := apimeta.FindStatusCondition(after.Status.Conditions, typ)

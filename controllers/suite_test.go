@@ -90,6 +90,10 @@ var _ = BeforeSuite(func() {
 	operator = startOperator()
 })
 
+// Every spec leaves the cluster as it found it: what one spec leaves behind must never decide
+// another's outcome (a leftover member once held FT slots on a node of the next spec).
+var _ = AfterEach(func() { expectNothingLeft() })
+
 var _ = AfterSuite(func() {
 	if operator != nil {
 		operator.stop()
@@ -110,12 +114,17 @@ type operatorProcess struct {
 
 var testLimits = placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 1000}
 
-func startOperator() *operatorProcess {
+func startOperator() *operatorProcess { return startOperatorWith(nil) }
+
+// startOperatorWith starts the operator with newClient making its client (nil: the default), so
+// that a test can intercept its writes.
+func startOperatorWith(newClient client.NewClientFunc) *operatorProcess {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:     controllers.NewScheme(),
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Cache:      controllers.CacheOptions(),
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		NewClient:  newClient,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	ctx, cancel := context.WithCancel(suiteCtx)

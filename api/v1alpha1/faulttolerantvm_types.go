@@ -46,6 +46,10 @@ const (
 	ConditionSecondaryReady = "SecondaryReady"
 	// ConditionProtected is True while both members run on different healthy nodes.
 	ConditionProtected = "Protected"
+	// ConditionMemberFenced is True while a member that may no longer run the VM is being
+	// stopped: a lost primary whose secondary took over, or a member labelled primary that does
+	// not hold the pair's record (two primaries; the record decides).
+	ConditionMemberFenced = "MemberFenced"
 	// ConditionRestartRequired is True when the template changed after the members were created:
 	// members keep the template they were built from until the VM is halted and run again.
 	ConditionRestartRequired = "RestartRequired"
@@ -71,6 +75,15 @@ const (
 	ReasonTemplateChanged        = "TemplateChanged"
 	ReasonTemplateCurrent        = "TemplateCurrent"
 	ReasonDiskNotFound           = "DiskNotFound"
+	// ReasonDuplicatePrimary: a member labelled primary did not hold the pair's record.
+	ReasonDuplicatePrimary = "DuplicatePrimary"
+	// ReasonNoneFenced: no member is being fenced.
+	ReasonNoneFenced = "NoneFenced"
+	// ReasonMemberFenced is the event of a member being fenced.
+	ReasonMemberFenced = "MemberFenced"
+	// ReasonWaitingForSecondary: the primary is lost and its synchronized secondary is on a node
+	// that is not Ready; promoting it later loses nothing, restarting now would lose the memory.
+	ReasonWaitingForSecondary = "WaitingForSecondary"
 )
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.
@@ -256,7 +269,12 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	Replication *ReplicationStatus `json:"replication,omitempty"`
 
-	// FailoverCount counts the promotions of a secondary.
+	// Epoch is the epoch of the pair's record (the Lease that names the member allowed to run
+	// the VM); it grows with every change of that member.
+	// +optional
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// FailoverCount counts the promotions of a secondary, as the pair's record counts them.
 	// +optional
 	FailoverCount int32 `json:"failoverCount,omitempty"`
 
@@ -264,7 +282,7 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	LastFailoverTime *metav1.Time `json:"lastFailoverTime,omitempty"`
 
-	// Conditions: Valid, PrimaryReady, SecondaryReady, Protected, RestartRequired.
+	// Conditions: Valid, PrimaryReady, SecondaryReady, Protected, MemberFenced, RestartRequired.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -283,6 +301,7 @@ type FaultTolerantVMStatus struct {
 // +kubebuilder:printcolumn:name="Interval",type=string,JSONPath=`.status.vLockstepInterval`
 // +kubebuilder:printcolumn:name="Bandwidth",type=string,JSONPath=`.status.logBandwidth`
 // +kubebuilder:printcolumn:name="Failovers",type=integer,JSONPath=`.status.failoverCount`,priority=1
+// +kubebuilder:printcolumn:name="Epoch",type=integer,JSONPath=`.status.epoch`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FaultTolerantVM struct {
 	metav1.TypeMeta   `json:",inline"`

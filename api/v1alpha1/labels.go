@@ -33,6 +33,15 @@ const (
 	// AnnotationReservedLogBandwidth is the logging bandwidth (Mbit/s) placement reserved for the
 	// member on its node.
 	AnnotationReservedLogBandwidth = "ft.lockstep.dev/reserved-log-bandwidth-mbps"
+	// AnnotationEpoch, on a member, is the epoch of the pair's record at which it became the
+	// primary.
+	AnnotationEpoch = "ft.lockstep.dev/epoch"
+	// AnnotationFollows, on a secondary, names the primary it was started beside: only that
+	// primary's state can be in it.
+	AnnotationFollows = "ft.lockstep.dev/follows"
+	// AnnotationFencedReason and AnnotationFencedMessage, on a member labelled fenced, say why.
+	AnnotationFencedReason  = "ft.lockstep.dev/fenced-reason"
+	AnnotationFencedMessage = "ft.lockstep.dev/fenced-message"
 	// AnnotationSourceClaim, on a claim the operator created for a member's copy of a disk, names
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
@@ -56,4 +65,7 @@ const (
 const (
 	RolePrimary   = "primary"
 	RoleSecondary = "secondary"
+	// RoleFenced: the member does not hold the pair's record and must never run the VM again;
+	// lockstepd stops it and the operator deletes it.
+	RoleFenced = "fenced"
 )

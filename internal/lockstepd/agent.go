@@ -191,6 +191,12 @@ func (a *Agent) Promote(ctx context.Context) {
 	})
 }
 
+// Fence tells the agent that its member may never run the VM again (the operator fenced it): it
+// drops what it holds and stops the VM.
+func (a *Agent) Fence(ctx context.Context, why string) {
+	a.post(ctx, func() { a.fence(why) })
+}
+
 func (a *Agent) startPrimary(ctx context.Context) {
 	holder, err := a.arb.Ensure(ctx)
 	if err != nil {

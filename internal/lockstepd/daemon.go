@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -71,10 +70,11 @@ type member struct {
 	syncMarked bool
 }
 
-// identityOf names a side in the pair's Lease: "<node>/<vmi>"; vmiOf reads the VMI back.
-func identityOf(node, vmi string) string { return node + "/" + vmi }
+// identityOf names a side in the pair's Lease (its record): "<node>/<vmi>"; vmiOf reads the VMI
+// back.
+func identityOf(node, vmi string) string { return ftv1.SideIdentity(node, vmi) }
 
-func vmiOf(identity string) string { return identity[strings.IndexByte(identity, '/')+1:] }
+func vmiOf(identity string) string { return ftv1.VMIOfIdentity(identity) }
 
 // annotate is a merge patch that sets one annotation.
 func annotate(key, value string) client.Patch {
@@ -82,8 +82,9 @@ func annotate(key, value string) client.Patch {
 	return client.RawPatch(types.MergePatchType, patch)
 }
 
-// LeaseName is the name of a pair's Lease, in the FaultTolerantVM's namespace.
-func LeaseName(ftvm string) string { return "ft-" + ftvm }
+// LeaseName is the name of a pair's Lease, in the FaultTolerantVM's namespace: the pair's record,
+// which the operator reads and writes too.
+func LeaseName(ftvm string) string { return ftv1.RecordName(ftvm) }
 
 // SetupWithManager registers the daemon: the FT log listener, the member reconciler, the
 // metrics and the readiness check.
@@ -182,13 +183,24 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, err
 	}
 	local := map[types.NamespacedName]*virtv1.VirtualMachineInstance{}
+	keep := map[types.NamespacedName]*virtv1.VirtualMachineInstance{} // local, and fenced: let the fence finish
 	for i := range vmis.Items {
 		v := &vmis.Items[i]
-		if v.Status.NodeName == d.Config.NodeName && v.Status.Phase == virtv1.Running && v.DeletionTimestamp == nil {
+		if v.Status.NodeName != d.Config.NodeName {
+			continue
+		}
+		if v.Labels[ftv1.LabelRole] == ftv1.RoleFenced {
+			// The operator took the member out of the pair's record: it never runs the VM again.
+			d.fence(ctx, client.ObjectKeyFromObject(v), "the operator fenced this member: "+v.Annotations[ftv1.AnnotationFencedMessage])
+			keep[client.ObjectKeyFromObject(v)] = v
+			continue
+		}
+		if v.Status.Phase == virtv1.Running && v.DeletionTimestamp == nil {
 			local[client.ObjectKeyFromObject(v)] = v
+			keep[client.ObjectKeyFromObject(v)] = v
 		}
 	}
-	d.stopGone(req.NamespacedName, local)
+	d.stopGone(req.NamespacedName, keep)
 
 	var errs []error
 	waiting := false
@@ -221,6 +233,16 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{RequeueAfter: d.Config.StatusInterval}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// fence fences the agent of a member, if it runs one; the agent stops its VM for good.
+func (d *Daemon) fence(ctx context.Context, key types.NamespacedName, why string) {
+	d.mu.Lock()
+	m := d.agents[key]
+	d.mu.Unlock()
+	if m != nil {
+		m.agent.Fence(ctx, why)
+	}
 }
 
 // stopGone stops the agents of the pair whose member left this node (or ended).

@@ -45,6 +45,10 @@ type Member struct {
 	Since  time.Time
 	// LogBandwidthMbps is the logging bandwidth placement reserved for the member.
 	LogBandwidthMbps int
+	// Epoch, on a primary, is the epoch of the pair's record at which it took the role.
+	Epoch int64
+	// Follows, on a secondary, is the primary it is started beside.
+	Follows string
 }
 
 // Name is the VMI name of a pair's member with the given ordinal.
@@ -156,6 +160,12 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	vmi.Annotations[ftv1.AnnotationTemplate] = raw
 	vmi.Annotations[ftv1.AnnotationTemplateHash] = hash
 	vmi.Annotations[ftv1.AnnotationReservedLogBandwidth] = strconv.Itoa(m.LogBandwidthMbps)
+	if m.Epoch > 0 {
+		vmi.Annotations[ftv1.AnnotationEpoch] = strconv.FormatInt(m.Epoch, 10)
+	}
+	if m.Follows != "" {
+		vmi.Annotations[ftv1.AnnotationFollows] = m.Follows
+	}
 	return vmi, nil
 }
 

@@ -302,9 +302,10 @@ func HoldWaitingSecondaries(nodes []Node) []Node {
 		out[i] = n
 		out[i].Members = append([]Member{}, n.Members...)
 		for _, m := range n.Members {
-			if m.Role == Primary {
+			switch m.Role {
+			case Primary:
 				primaries[m.Pair], primaryNode[m.Pair] = m, n.Name
-			} else {
+			case Secondary:
 				hasSecondary[m.Pair] = true
 			}
 		}

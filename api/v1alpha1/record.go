@@ -1,0 +1,27 @@
+package v1alpha1
+
+import "strings"
+
+// The pair's record is a coordination.k8s.io Lease in the FaultTolerantVM's namespace, shared by
+// the operator and lockstepd: its holder is the one member that may run the VM ("<node>/<vmi>"),
+// its leaseTransitions the epoch. Whoever changes the holder does so by compare-and-set
+// (the white paper's atomic test-and-set, 1.4), so exactly one decision wins, and a decider that
+// restarts reads it back before it acts. The operator also counts promotions on it.
+const (
+	// AnnotationPromotions, on the record, counts the secondaries that took over.
+	AnnotationPromotions = "ft.lockstep.dev/promotions"
+	// AnnotationLastPromoted names the last member counted in AnnotationPromotions: the key that
+	// keeps a retried count from counting twice.
+	AnnotationLastPromoted = "ft.lockstep.dev/last-promoted"
+	// AnnotationLastPromotionTime is when it was counted (RFC 3339).
+	AnnotationLastPromotionTime = "ft.lockstep.dev/last-promotion-time"
+)
+
+// RecordName is the name of a pair's record (its Lease).
+func RecordName(ftvm string) string { return "ft-" + ftvm }
+
+// SideIdentity names a member in the record: "<node>/<vmi>".
+func SideIdentity(node, vmi string) string { return node + "/" + vmi }
+
+// VMIOfIdentity is the member VMI a record identity names.
+func VMIOfIdentity(identity string) string { return identity[strings.IndexByte(identity, '/')+1:] }

@@ -1,0 +1,402 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/controllers"
+)
+
+// Crash points. Each path that changes a member's role (a failover, a re-protection, a deletion)
+// is run once to record the operator's API writes, which must be exactly the rows of its table;
+// then once per row, with the operator "crashing" right after that write: the write goes
+// through, every later one fails, the manager is stopped, and a new one starts with an empty
+// cache. Each run must end in the same place. A new write in a path fails the first check until
+// it has a row, and so a crash test.
+//
+// A run of status writes counts as one row (the first of them): status is derived, and the next
+// reconcile writes it again from what it observes.
+
+// crashSwitch is the test hook in the operator's client.
+type crashSwitch struct {
+	scheme *runtime.Scheme
+	ns     string
+
+	mu         sync.Mutex
+	writes     []string
+	crashAfter int // 0: never
+	dead       bool
+	crashed    chan struct{}
+}
+
+func newCrashSwitch(ns string, crashAfter int) *crashSwitch {
+	return &crashSwitch{scheme: controllers.NewScheme(), ns: ns, crashAfter: crashAfter, crashed: make(chan struct{})}
+}
+
+var errCrashed = fmt.Errorf("the operator crashed (test hook)")
+
+// write lets a write through (or fails it, once crashed) and records it.
+func (c *crashSwitch) write(obj client.Object, verb, sub string, do func() error) error {
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return errCrashed
+	}
+	c.mu.Unlock()
+	err := do()
+	if err != nil || obj.GetNamespace() != c.ns {
+		return err
+	}
+	gvk, _ := apiutil.GVKForObject(obj, c.scheme)
+	what := fmt.Sprintf("%s %s %s", verb, gvk.Kind, obj.GetName())
+	if sub != "" {
+		what += "/" + sub
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if strings.HasSuffix(what, "/status") && len(c.writes) > 0 && c.writes[len(c.writes)-1] == what {
+		return nil // a run of status writes is one row
+	}
+	c.writes = append(c.writes, what)
+	if len(c.writes) == c.crashAfter {
+		c.dead = true
+		close(c.crashed)
+	}
+	return nil
+}
+
+func (c *crashSwitch) recorded() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.writes...)
+}
+
+// start starts an operator whose client goes through the switch.
+func (c *crashSwitch) start() *operatorProcess {
+	return startOperatorWith(func(config *rest.Config, options client.Options) (client.Client, error) {
+		inner, err := client.NewWithWatch(config, options)
+		if err != nil {
+			return nil, err
+		}
+		return interceptor.NewClient(inner, interceptor.Funcs{
+			Create: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				return c.write(obj, "create", "", func() error { return cl.Create(ctx, obj, opts...) })
+			},
+			Update: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+				return c.write(obj, "update", "", func() error { return cl.Update(ctx, obj, opts...) })
+			},
+			Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+				return c.write(obj, "patch", "", func() error { return cl.Patch(ctx, obj, patch, opts...) })
+			},
+			Delete: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+				return c.write(obj, "delete", "", func() error { return cl.Delete(ctx, obj, opts...) })
+			},
+			SubResourcePatch: func(ctx context.Context, cl client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				return c.write(obj, "patch", sub, func() error { return cl.SubResource(sub).Patch(ctx, obj, patch, opts...) })
+			},
+			SubResourceUpdate: func(ctx context.Context, cl client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+				return c.write(obj, "update", sub, func() error { return cl.SubResource(sub).Update(ctx, obj, opts...) })
+			},
+		}), nil
+	})
+}
+
+// status names a status write in a table row.
+func status(kind, name string) string { return "patch " + kind + " " + name + "/status" }
+
+// crashPath is one path of the operator and the table of its writes.
+type crashPath struct {
+	// setup makes the pair, Protected, and returns what the check needs to know of it.
+	setup func(ns string) pairBefore
+	// trigger starts the path.
+	trigger func(ns string, before pairBefore)
+	// check waits for the end state of the path, after however many crashes.
+	check func(ns string, before pairBefore)
+	rows  []string
+}
+
+// pairBefore is the pair before the path.
+type pairBefore struct {
+	primary, secondary ftv1.MemberStatus
+}
+
+// runCrashPath runs the path once per row, crashing the operator after that row's write.
+func runCrashPath(path crashPath) {
+	// The suite's operator steps aside: each run has operators of its own.
+	operator.stop()
+	DeferCleanup(func() { operator = startOperator() })
+
+	run := func(crashAfter int) []string {
+		ns := newNamespace()
+		sw := newCrashSwitch(ns, 0)
+		op := sw.start()
+		before := path.setup(ns)
+		// Quiet: nothing left to write before the path starts.
+		Eventually(func() bool {
+			n := len(sw.recorded())
+			time.Sleep(time.Second)
+			return len(sw.recorded()) == n
+		}, timeout, interval).Should(BeTrue())
+		sw.mu.Lock()
+		sw.writes, sw.crashAfter = nil, crashAfter
+		sw.mu.Unlock()
+		monitor := watchPrimaries(ns)
+		path.trigger(ns, before)
+		if crashAfter > 0 {
+			Eventually(sw.crashed, timeout).Should(BeClosed(), "the path made only these writes: %v", sw.recorded())
+			op.stop()
+			op = startOperator() // a new process: an empty cache, nothing remembered
+		}
+		path.check(ns, before)
+		writes := sw.recorded()
+		monitor.stop()
+		Expect(monitor.violations()).To(BeEmpty(), "crash after write %d", crashAfter)
+		deleteAllFTVMs(ns)
+		op.stop()
+		deleteAllNodes()
+		expectNothingLeft()
+		return writes
+	}
+
+	By("recording the path's writes")
+	Expect(run(0)).To(Equal(path.rows), "the path's writes changed: give each new write a row (and a crash test)")
+	for i, row := range path.rows {
+		By(fmt.Sprintf("crashing after write %d: %s", i+1, row))
+		run(i + 1)
+	}
+}
+
+// Four nodes and a Protected pair whose VM has a persistent disk and a logging network that the
+// operator created.
+func setupDiskPair(ns string) pairBefore {
+	for i := 1; i <= 4; i++ {
+		makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+	}
+	Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	})).To(Succeed())
+	f := newFTVM(ns, "vm")
+	f.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
+	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+		PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "disk"}}}
+	Expect(k8s.Create(ctx(), f)).To(Succeed())
+	got := waitFor(ns, "vm", "Protected with a synchronized secondary", func(f *ftv1.FaultTolerantVM) bool {
+		return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && getVMIAnnotation(ns, f.Status.Secondary.VMI, ftv1.AnnotationSyncedAt) != ""
+	})
+	return pairBefore{primary: *got.Status.Primary, secondary: *got.Status.Secondary}
+}
+
+// expectWholePair checks the end state of a path: Protected, exactly two members, one labelled
+// primary (wantPrimary), one secondary on another node that is not avoided, the record naming
+// the primary, the count, and no claim that no member uses (but the user's).
+func expectWholePair(ns, wantPrimary string, failovers int32, avoid ...string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		f := &ftv1.FaultTolerantVM{}
+		g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, f)).To(Succeed())
+		g.Expect(f.Status.State).To(Equal(ftv1.StateProtected), "conditions %s", conditionsOf(f))
+		g.Expect(f.Status.FailoverCount).To(Equal(failovers))
+		vmis := members(ns, "vm")
+		g.Expect(vmis).To(HaveLen(2), "members %v", names(vmis))
+		roles, used := map[string]virtv1.VirtualMachineInstance{}, map[string]bool{"disk": true}
+		for _, v := range vmis {
+			g.Expect(v.DeletionTimestamp).To(BeNil())
+			g.Expect(v.Status.Phase).To(Equal(virtv1.Running))
+			g.Expect(avoid).NotTo(ContainElement(v.Labels[ftv1.LabelNode]))
+			roles[v.Labels[ftv1.LabelRole]] = v
+			for _, vol := range v.Spec.Volumes {
+				if vol.PersistentVolumeClaim != nil {
+					used[vol.PersistentVolumeClaim.ClaimName] = true
+				}
+			}
+		}
+		g.Expect(roles).To(HaveKey(ftv1.RolePrimary))
+		g.Expect(roles).To(HaveKey(ftv1.RoleSecondary))
+		p, sec := roles[ftv1.RolePrimary], roles[ftv1.RoleSecondary]
+		g.Expect(p.Name).To(Equal(wantPrimary))
+		g.Expect(p.Labels[ftv1.LabelNode]).NotTo(Equal(sec.Labels[ftv1.LabelNode]))
+		g.Expect(sec.Annotations[ftv1.AnnotationFollows]).To(Equal(p.Name))
+		lease := &coordinationv1.Lease{}
+		g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+		g.Expect(*lease.Spec.HolderIdentity).To(Equal(ftv1.SideIdentity(p.Labels[ftv1.LabelNode], p.Name)))
+		g.Expect(int64(*lease.Spec.LeaseTransitions)).To(Equal(f.Status.Epoch))
+		var pvcs corev1.PersistentVolumeClaimList
+		g.Expect(k8s.List(ctx(), &pvcs, client.InNamespace(ns))).To(Succeed())
+		for _, c := range pvcs.Items {
+			if c.DeletionTimestamp == nil { // (see leftovers)
+				g.Expect(used).To(HaveKey(c.Name), "claim %s is used by no member", c.Name)
+			}
+		}
+	}, timeout, interval).Should(Succeed())
+}
+
+func names(vmis []virtv1.VirtualMachineInstance) []string {
+	out := []string{}
+	for _, v := range vmis {
+		out = append(out, fmt.Sprintf("%s(%s,deleting=%v)", v.Name, v.Labels[ftv1.LabelRole], v.DeletionTimestamp != nil))
+	}
+	return out
+}
+
+var _ = Describe("Crash points", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("a failover converges from a crash after any of its writes: one primary, the count grown by one, nothing extra", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(_ string, b pairBefore) {
+				setNodeReady(b.primary.Node, false)
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.secondary.VMI, 1, b.primary.Node)
+			},
+			rows: []string{
+				"update Lease ft-vm",                     // the record: vm-2 at epoch 2, one promotion
+				"patch PersistentVolumeClaim vm-2-root",  // its disk is the VM's now
+				"patch VirtualMachineInstance vm-1",      // the old primary labelled fenced
+				"delete VirtualMachineInstance vm-1",     // and deleted
+				"patch VirtualMachineInstance vm-2",      // the new one labelled primary
+				"create PersistentVolumeClaim vm-3-root", // a new secondary's copy
+				"create VirtualMachineInstance vm-3",
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-3", // synchronized
+				status("FaultTolerantVM", "vm"),
+			},
+		})
+	})
+
+	It("a re-protection converges from a crash after any of its writes: the same primary, a new secondary, no failover", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(_ string, b pairBefore) {
+				setNodeReady(b.secondary.Node, false)
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.primary.VMI, 0, b.secondary.Node)
+			},
+			rows: []string{
+				"delete VirtualMachineInstance vm-2",
+				"create PersistentVolumeClaim vm-3-root",
+				"create VirtualMachineInstance vm-3",
+				"delete PersistentVolumeClaim vm-2-root", // the lost secondary's copy
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-3",
+				status("FaultTolerantVM", "vm"),
+			},
+		})
+	})
+
+	It("a deletion converges from a crash after any of its writes: nothing is left", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(ns string, _ pairBefore) {
+				Expect(k8s.Delete(ctx(), getFTVM(ns, "vm"))).To(Succeed())
+			},
+			check: func(ns string, _ pairBefore) {
+				Eventually(func() bool {
+					err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &ftv1.FaultTolerantVM{})
+					return apierrors.IsNotFound(err)
+				}, timeout, interval).Should(BeTrue())
+				Eventually(leftoversIn(ns), timeout, interval).Should(BeEmpty())
+			},
+			rows: []string{
+				"patch VirtualMachineInstance vm-1", // the primary labelled fenced
+				"delete VirtualMachineInstance vm-1",
+				"delete VirtualMachineInstance vm-2",
+				"delete PersistentVolumeClaim vm-2-root",
+				"delete Lease ft-vm",
+				"delete NetworkAttachmentDefinition made-net",
+				"patch FaultTolerantVM vm", // the finalizer released
+			},
+		})
+	})
+})
+
+// leftoversIn lists what the operator made in a namespace that is still there.
+func leftoversIn(ns string) func() []string {
+	return func() []string {
+		var out []string
+		for _, l := range leftovers() {
+			if strings.Contains(l, " "+ns+"/") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+}
+
+// primaryWatch watches a namespace's member VMIs and records every moment at which two of them
+// were labelled primary at once (being deleted or not).
+type primaryWatch struct {
+	w    watch.Interface
+	done chan struct{}
+	mu   sync.Mutex
+	bad  []string
+}
+
+func watchPrimaries(ns string) *primaryWatch {
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: controllers.NewScheme()})
+	Expect(err).NotTo(HaveOccurred())
+	w, err := wc.Watch(ctx(), &virtv1.VirtualMachineInstanceList{}, client.InNamespace(ns))
+	Expect(err).NotTo(HaveOccurred())
+	pw := &primaryWatch{w: w, done: make(chan struct{})}
+	go func() {
+		defer close(pw.done)
+		role := map[string]string{}
+		for ev := range w.ResultChan() {
+			v, ok := ev.Object.(*virtv1.VirtualMachineInstance)
+			if !ok {
+				continue
+			}
+			if ev.Type == watch.Deleted {
+				delete(role, v.Name)
+			} else {
+				role[v.Name] = v.Labels[ftv1.LabelRole]
+			}
+			var primaries []string
+			for name, r := range role {
+				if r == ftv1.RolePrimary {
+					primaries = append(primaries, name)
+				}
+			}
+			if len(primaries) > 1 {
+				pw.mu.Lock()
+				pw.bad = append(pw.bad, fmt.Sprintf("%v labelled primary at once", primaries))
+				pw.mu.Unlock()
+			}
+		}
+	}()
+	return pw
+}
+
+func (pw *primaryWatch) stop() { pw.w.Stop(); <-pw.done }
+
+func (pw *primaryWatch) violations() []string {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	return pw.bad
+}

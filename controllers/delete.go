@@ -1,0 +1,94 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+)
+
+// reconcileDelete removes everything the operator made for a FaultTolerantVM, in any state and
+// with any of its nodes dead, and then releases the finalizer: the members (a primary is fenced
+// first), and once they are gone the disk copies, the pair's record and a logging network it
+// created that no other FaultTolerantVM uses. Owner references let the garbage collector do the
+// same; the finalizer does not rely on it (the logging network may be in another namespace), and
+// every step reads the API server, so that nothing a cache does not show yet is left behind.
+func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(ftvm, ftv1.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	s := &scope{ftvm: ftvm}
+	var vmis virtv1.VirtualMachineInstanceList
+	if err := r.APIReader.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	remaining := 0
+	for i := range vmis.Items {
+		v := &vmis.Items[i]
+		if !metav1.IsControlledBy(v, ftvm) {
+			continue
+		}
+		remaining++
+		mv := &memberView{vmi: v, node: v.Labels[ftv1.LabelNode]}
+		if err := r.retire(ctx, s, mv, ftv1.ReasonHalted, "the FaultTolerantVM is deleted"); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if remaining > 0 {
+		// VMI deletions wake us; the requeue covers a member stuck on a lost node.
+		return ctrl.Result{RequeueAfter: r.Config.RetryInterval}, nil
+	}
+
+	var pvcs corev1.PersistentVolumeClaimList
+	if err := r.APIReader.List(ctx, &pvcs, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name, ftv1.LabelManagedBy: ftv1.ManagedByValue}); err != nil {
+		return ctrl.Result{}, err
+	}
+	for i := range pvcs.Items {
+		c := &pvcs.Items[i]
+		if !metav1.IsControlledBy(c, ftvm) || c.DeletionTimestamp != nil {
+			continue
+		}
+		if err := r.Delete(ctx, c, client.Preconditions{UID: &c.UID}); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("deleting the disk copy %s: %w", c.Name, err)
+		}
+	}
+
+	lease := &coordinationv1.Lease{}
+	err := r.APIReader.Get(ctx, recordKey(ftvm), lease)
+	switch {
+	case err == nil && ownedOrUnclaimed(lease, ftvm) && lease.DeletionTimestamp == nil:
+		if err := r.Delete(ctx, lease, client.Preconditions{UID: &lease.UID}); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("deleting the pair's record: %w", err)
+		}
+	case client.IgnoreNotFound(err) != nil:
+		return ctrl.Result{}, err
+	}
+
+	if err := r.releaseLoggingNetwork(ctx, ftvm); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	base := ftvm.DeepCopy()
+	controllerutil.RemoveFinalizer(ftvm, ftv1.Finalizer)
+	if err := r.Patch(ctx, ftvm, client.MergeFrom(base)); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	metrics.Forget(ftvm.Namespace, ftvm.Name)
+	return ctrl.Result{}, nil
+}
+
+// ownedOrUnclaimed says whether a Lease of the pair's name is this FaultTolerantVM's record: its
+// controller is the FaultTolerantVM, or it has none (lockstepd made it before the operator did).
+func ownedOrUnclaimed(l *coordinationv1.Lease, ftvm *ftv1.FaultTolerantVM) bool {
+	owner := metav1.GetControllerOf(l)
+	return owner == nil || owner.UID == ftvm.UID
+}

@@ -1,0 +1,217 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// phaseMarkSynced marks a secondary that holds the primary's state. A secondary that started
+// while its primary's node was already failing never received that state, and promoting it would
+// lose the VM's memory and recent writes (a restart from disk is the honest outcome then). Until
+// lockstepd reports the end of the initial synchronization, a secondary counts as synchronized once
+// it has run beside a primary that runs on a healthy node.
+func (r *FaultTolerantVMReconciler) phaseMarkSynced(ctx context.Context, s *scope) error {
+	sec, p := s.secondary, s.primary
+	if sec == nil || p == nil || sec.synced() || sec.verdict.State != health.Running || p.verdict.State != health.Running {
+		return nil
+	}
+	base := sec.vmi.DeepCopy()
+	if sec.vmi.Annotations == nil {
+		sec.vmi.Annotations = map[string]string{}
+	}
+	sec.vmi.Annotations[ftv1.AnnotationSyncedAt] = r.Clock.Now().UTC().Format(time.RFC3339)
+	if err := r.Patch(ctx, sec.vmi, client.MergeFrom(base)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+// phaseStartPair starts a new (or restarted) pair when no member can run the VM: both members
+// in one placement decision, so that pairs starting together fill nodes with whole pairs rather
+// than lone primaries.
+func (r *FaultTolerantVMReconciler) phaseStartPair(ctx context.Context, s *scope) error {
+	if !s.restart || !s.canStartMembers() {
+		return nil
+	}
+	return r.startPair(ctx, s, member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template))
+}
+
+// phaseEnsureSecondary starts a secondary for a primary that has none, from the template the
+// primary runs.
+func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s *scope) error {
+	if s.primary == nil || s.secondary != nil || s.secondaryErr != nil || s.waiting || s.primary.verdict.State == health.Lost {
+		return nil
+	}
+	if s.networkMissing != "" {
+		return nil
+	}
+	tmpl, err := member.DecodeTemplate(s.primary.vmi)
+	if err != nil {
+		// Only a member edited by hand lacks it; the FaultTolerantVM's template is the best guess.
+		log.FromContext(ctx).Error(err, "building the secondary from the FaultTolerantVM's template")
+		tmpl = member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
+	}
+	mv, err := r.startSecondary(ctx, s, tmpl)
+	if err != nil {
+		return r.recordPlacementError(s, &s.secondaryErr, err)
+	}
+	s.secondary = mv
+	return nil
+}
+
+// recordPlacementError keeps a placement failure for the status and retries later; other errors
+// are returned.
+func (r *FaultTolerantVMReconciler) recordPlacementError(s *scope, into *error, err error) error {
+	if errors.Is(err, placement.ErrNoEligibleNode) || errors.Is(err, errSourceClaim) {
+		*into = err
+		s.requeueWithin(r.Config.RetryInterval)
+		return nil
+	}
+	return r.retryOnRace(s, err)
+}
+
+// newMember is a member about to be placed and created.
+type newMember struct {
+	name string
+	tmpl ftv1.VMITemplate
+	spec member.Member
+	req  placement.Request
+	vmi  *virtv1.VirtualMachineInstance // set once created
+}
+
+func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplate, role string, ordinal int) *newMember {
+	ftvm := s.ftvm
+	m := member.Member{Ordinal: ordinal, Role: role, Since: r.Clock.Now(), LogBandwidthMbps: r.logBandwidthMbps(ftvm)}
+	if role == ftv1.RoleSecondary && s.primary != nil {
+		m.Follows = s.primary.vmi.Name
+	}
+	return &newMember{
+		name: member.Name(ftvm.Name, ordinal),
+		tmpl: tmpl,
+		spec: m,
+		req: placement.Request{Pair: pairKey(ftvm.Namespace, ftvm.Name), Role: placement.Role(role),
+			VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps},
+	}
+}
+
+func (nm *newMember) key(s *scope) types.NamespacedName {
+	return types.NamespacedName{Namespace: s.ftvm.Namespace, Name: nm.name}
+}
+
+// create creates the member (and its disk copies) on node; the Placer calls it.
+func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *newMember, node string) error {
+	nm.spec.Node = node
+	claims, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role)
+	if err != nil {
+		return err
+	}
+	nm.spec.Claims = claims
+	vmi, err := member.Build(s.ftvm, nm.tmpl, nm.spec, r.Config.Member)
+	if err != nil {
+		return err
+	}
+	if err := controllerutil.SetControllerReference(s.ftvm, vmi, r.Scheme); err != nil {
+		return err
+	}
+	if err := r.Create(ctx, vmi); err != nil {
+		return err
+	}
+	nm.vmi = vmi
+	return nil
+}
+
+// created records a created member in the scope, the log and the events.
+func (r *FaultTolerantVMReconciler) created(ctx context.Context, s *scope, nm *newMember) *memberView {
+	s.maxOrdinal = max(s.maxOrdinal, nm.spec.Ordinal)
+	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
+	log.FromContext(ctx).Info("created member", "vmi", nm.name, "role", nm.spec.Role, "node", nm.spec.Node)
+	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending)}}
+}
+
+// startPair places and creates both members of a new pair; when only the primary fits, it starts
+// alone and the status says why it is not protected.
+func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) error {
+	p := r.prepareMember(s, tmpl, ftv1.RolePrimary, s.maxOrdinal+1)
+	sec := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+2)
+	sec.spec.Follows = p.name
+	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
+		func(node string) error {
+			// The new primary takes the record before it exists: a crash between the two leaves a
+			// holder that never ran, which the next reconcile finds gone and replaces.
+			next := s.record.Record
+			next.Exists, next.Holder, next.Epoch = true, p.name, s.record.Epoch+1
+			if err := r.writeRecord(ctx, s.ftvm, s.record, next, node); err != nil {
+				return err
+			}
+			p.spec.Epoch = next.Epoch
+			return r.create(ctx, s, p, node)
+		},
+		func(node string) error { return r.create(ctx, s, sec, node) })
+	if pp.Primary != "" {
+		s.primary = r.created(ctx, s, p)
+	}
+	if pp.Secondary != "" {
+		s.secondary = r.created(ctx, s, sec)
+	} else if pp.SecondaryErr != nil {
+		_ = r.recordPlacementError(s, &s.secondaryErr, pp.SecondaryErr) // a NoEligibleNodeError
+	}
+	switch {
+	case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
+		// The cache trails our own earlier create, or the record moved on; the next reconcile
+		// sees it.
+		s.requeueWithin(time.Second)
+		return errStop
+	case err != nil && pp.Primary == "":
+		return r.recordPlacementError(s, &s.primaryErr, err)
+	default:
+		return err
+	}
+}
+
+// startSecondary places a new secondary away from the primary and creates it (and its disk
+// copies).
+func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) (*memberView, error) {
+	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
+	nm.req.AvoidNodes = []string{s.primary.node}
+	if key := s.ftvm.Spec.TopologyKey; key != "" {
+		var pn corev1.Node
+		if err := r.Get(ctx, types.NamespacedName{Name: s.primary.node}, &pn); err != nil {
+			return nil, err
+		}
+		nm.req.AvoidDomains = []string{pn.Labels[key]}
+	}
+	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
+		return r.create(ctx, s, nm, node)
+	})
+	if apierrors.IsAlreadyExists(err) {
+		// The cache trails our own earlier create; the next reconcile sees the member.
+		s.requeueWithin(time.Second)
+		return nil, errStop
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r.created(ctx, s, nm), nil
+}
+
+// logBandwidthMbps is the logging bandwidth reserved for the VM (paper 2.10).
+func (r *FaultTolerantVMReconciler) logBandwidthMbps(ftvm *ftv1.FaultTolerantVM) int {
+	if l := ftvm.Spec.ExpectedLoad; l != nil {
+		return placement.LogBandwidthMbps(int(l.DiskReadMBps), int(l.NetworkReceiveMbps))
+	}
+	return r.Config.DefaultLogBandwidthMbps
+}

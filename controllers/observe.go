@@ -1,0 +1,183 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/roles"
+)
+
+// memberView is one member as observed.
+type memberView struct {
+	vmi     *virtv1.VirtualMachineInstance
+	ordinal int
+	node    string
+	verdict health.Verdict
+}
+
+// scope carries one reconcile's observations and decisions to the status computation.
+type scope struct {
+	ftvm *ftv1.FaultTolerantVM
+	// members are the pair's member VMIs that are not being deleted; gone are those that are.
+	members []*memberView
+	gone    []*memberView
+	// record is the pair's record as last read or written.
+	record *record
+
+	primary   *memberView
+	secondary *memberView
+	// maxOrdinal is the highest ordinal seen, so that new members get new names.
+	maxOrdinal int
+
+	invalid        error  // the spec cannot be protected
+	networkMissing string // why the logging network is not there
+	primaryErr     error  // why no primary could be started
+	secondaryErr   error  // why no secondary could be started
+	promoted       bool   // a secondary was promoted in this reconcile
+	waiting        bool   // the primary is lost and its suspect secondary is waited for
+	restart        bool   // no member can run the VM: a new pair starts from its disks
+	requeueAfter   time.Duration
+}
+
+func (s *scope) requeueWithin(d time.Duration) {
+	if d > 0 && (s.requeueAfter == 0 || d < s.requeueAfter) {
+		s.requeueAfter = d
+	}
+}
+
+// member finds a member that is not being deleted by name.
+func (s *scope) member(name string) *memberView {
+	for _, mv := range s.members {
+		if mv.vmi.Name == name {
+			return mv
+		}
+	}
+	return nil
+}
+
+// observe reads the members of the pair and the pair's record, and judges each member.
+func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*scope, error) {
+	s := &scope{ftvm: ftvm}
+	var vmis virtv1.VirtualMachineInstanceList
+	if err := r.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingFields{indexMemberByPair: ftvm.Name}); err != nil {
+		return nil, err
+	}
+	for i := range vmis.Items {
+		v := &vmis.Items[i]
+		if !metav1.IsControlledBy(v, ftvm) {
+			continue
+		}
+		mv := &memberView{vmi: v, node: v.Labels[ftv1.LabelNode]}
+		mv.ordinal, _ = strconv.Atoi(v.Annotations[ftv1.AnnotationOrdinal])
+		var node corev1.Node
+		nodePtr := &node
+		if err := r.Get(ctx, types.NamespacedName{Name: mv.node}, &node); apierrors.IsNotFound(err) {
+			nodePtr = nil
+		} else if err != nil {
+			return nil, err
+		}
+		mv.verdict = health.Judge(v, mv.node, nodePtr, r.Clock.Now(), r.Config.NodeLostGrace)
+		if mv.verdict.State == health.Suspect {
+			s.requeueWithin(mv.verdict.RecheckAfter)
+		}
+		s.maxOrdinal = max(s.maxOrdinal, mv.ordinal)
+		if v.DeletionTimestamp != nil {
+			s.gone = append(s.gone, mv) // going away: it has no role any more, but its name stays taken
+			continue
+		}
+		s.members = append(s.members, mv)
+	}
+	sort.Slice(s.members, func(i, j int) bool { return s.members[i].ordinal < s.members[j].ordinal })
+	copies, err := r.diskCopies(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	for i := range copies {
+		o, _ := strconv.Atoi(copies[i].Annotations[ftv1.AnnotationOrdinal])
+		s.maxOrdinal = max(s.maxOrdinal, o)
+	}
+	s.record, err = readRecord(ctx, r.Client, ftvm)
+	if errors.Is(err, errStaleRecord) {
+		s.record, err = r.dropStaleRecord(ctx, s.record)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.judgeReplication()
+	return s, nil
+}
+
+// judgeReplication applies lockstepd's reports: it sees a lost peer long before the node
+// lifecycle does, and a secondary that went live holds the Lease, so its primary is lost at once.
+func (s *scope) judgeReplication() {
+	var p, sec *memberView
+	for _, mv := range s.members {
+		switch mv.vmi.Labels[ftv1.LabelRole] {
+		case ftv1.RolePrimary:
+			if mv.vmi.Name == s.record.Holder || p == nil {
+				p = mv
+			}
+		case ftv1.RoleSecondary:
+			if sec == nil {
+				sec = mv
+			}
+		}
+	}
+	name := func(mv *memberView) string {
+		if mv == nil {
+			return ""
+		}
+		return mv.vmi.Name
+	}
+	pv, sv := health.FromReplication(s.ftvm.Status.Replication, name(p), name(sec))
+	if pv != nil {
+		p.verdict = *pv
+	}
+	if sv != nil {
+		sec.verdict = *sv
+	}
+}
+
+// roleMembers is what the decision needs of the members.
+func (s *scope) roleMembers() []roles.Member {
+	out := make([]roles.Member, 0, len(s.members))
+	for _, mv := range s.members {
+		epoch, _ := strconv.ParseInt(mv.vmi.Annotations[ftv1.AnnotationEpoch], 10, 64)
+		out = append(out, roles.Member{
+			Name: mv.vmi.Name, Ordinal: mv.ordinal, Role: mv.vmi.Labels[ftv1.LabelRole],
+			Health: roleHealth(mv.verdict.State), Synced: mv.synced(), Epoch: epoch,
+			Follows: mv.vmi.Annotations[ftv1.AnnotationFollows],
+		})
+	}
+	return out
+}
+
+func roleHealth(st health.State) roles.Health {
+	switch st {
+	case health.Running:
+		return roles.Running
+	case health.Suspect:
+		return roles.Suspect
+	case health.Lost:
+		return roles.Lost
+	}
+	return roles.Pending
+}
+
+// synced says whether the member holds its pair's state (see phaseMarkSynced).
+func (mv *memberView) synced() bool {
+	_, ok := mv.vmi.Annotations[ftv1.AnnotationSyncedAt]
+	return ok
+}

@@ -1,0 +1,159 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/roles"
+)
+
+// The pair's record: its Lease (api/v1alpha1/record.go). The operator reads it before every
+// decision that changes a member's role and writes it, by compare-and-set, before it acts on one.
+
+// record is the pair's record as read, with the Lease it came from (nil when there is none).
+type record struct {
+	lease *coordinationv1.Lease
+	roles.Record
+	// holderNode is the node part of the holder's identity.
+	holderNode string
+	// lastPromotion is when the last promotion was counted.
+	lastPromotion *metav1.Time
+}
+
+func recordKey(ftvm *ftv1.FaultTolerantVM) types.NamespacedName {
+	return types.NamespacedName{Namespace: ftvm.Namespace, Name: ftv1.RecordName(ftvm.Name)}
+}
+
+// readRecord reads the pair's record from r (the cache, or the API server). A Lease controlled by
+// another FaultTolerantVM (an earlier one of the same name) is not this pair's record.
+func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM) (*record, error) {
+	lease := &coordinationv1.Lease{}
+	if err := r.Get(ctx, recordKey(ftvm), lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &record{}, nil
+		}
+		return nil, err
+	}
+	if owner := metav1.GetControllerOf(lease); owner != nil && owner.UID != ftvm.UID {
+		return &record{lease: lease}, errStaleRecord
+	}
+	rec := &record{lease: lease}
+	rec.Exists = true
+	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+		rec.Holder = ftv1.VMIOfIdentity(*h)
+		rec.holderNode = (*h)[:len(*h)-len(rec.Holder)-1]
+	}
+	if t := lease.Spec.LeaseTransitions; t != nil {
+		rec.Epoch = int64(*t)
+	}
+	n, _ := strconv.Atoi(lease.Annotations[ftv1.AnnotationPromotions])
+	rec.Promotions = int32(n)
+	rec.LastPromoted = lease.Annotations[ftv1.AnnotationLastPromoted]
+	if t, err := time.Parse(time.RFC3339, lease.Annotations[ftv1.AnnotationLastPromotionTime]); err == nil {
+		mt := metav1.NewTime(t)
+		rec.lastPromotion = &mt
+	}
+	return rec, nil
+}
+
+// errStaleRecord: the Lease of the pair's name belongs to an earlier FaultTolerantVM.
+var errStaleRecord = errors.New("the pair's Lease belongs to an earlier FaultTolerantVM of the same name")
+
+// writeRecord makes next the pair's record by compare-and-set on the Lease read as cur: it creates
+// the Lease when cur has none, and otherwise updates it at the resourceVersion read, so that a
+// decision taken from a stale view fails (with a Conflict or AlreadyExists) instead of winning.
+// holderNode is the node of next's holder.
+func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM, cur *record, next roles.Record, holderNode string) error {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ftvm.Namespace, Name: ftv1.RecordName(ftvm.Name)}}
+	if cur.lease != nil {
+		lease = cur.lease.DeepCopy()
+	}
+	if lease.Labels == nil {
+		lease.Labels = map[string]string{}
+	}
+	lease.Labels[ftv1.LabelPair] = ftvm.Name
+	lease.Labels[ftv1.LabelManagedBy] = ftv1.ManagedByValue
+	if err := controllerutil.SetControllerReference(ftvm, lease, r.Scheme); err != nil {
+		return err
+	}
+	identity := ""
+	if next.Holder != "" {
+		identity = ftv1.SideIdentity(holderNode, next.Holder)
+	}
+	epoch := int32(next.Epoch)
+	now := metav1.NewMicroTime(r.Clock.Now())
+	if cur.lease == nil || ptrString(cur.lease.Spec.HolderIdentity) != identity || int64(ptrInt32(cur.lease.Spec.LeaseTransitions)) != next.Epoch {
+		lease.Spec.AcquireTime = &now
+	}
+	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions, lease.Spec.RenewTime = &identity, &epoch, &now
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[ftv1.AnnotationPromotions] = strconv.Itoa(int(next.Promotions))
+	if next.LastPromoted != "" {
+		lease.Annotations[ftv1.AnnotationLastPromoted] = next.LastPromoted
+	}
+	if next.Promotions != cur.Promotions {
+		lease.Annotations[ftv1.AnnotationLastPromotionTime] = r.Clock.Now().UTC().Format(time.RFC3339)
+	}
+	var err error
+	if cur.lease == nil {
+		err = r.Create(ctx, lease)
+	} else {
+		err = r.Update(ctx, lease) // carries the resourceVersion read: the compare-and-set
+	}
+	if err != nil {
+		return fmt.Errorf("writing the pair's record (holder %q, epoch %d): %w", identity, next.Epoch, err)
+	}
+	cur.lease, cur.Record, cur.holderNode = lease, next, holderNode
+	cur.Exists = true
+	return nil
+}
+
+// dropStaleRecord deletes a Lease of the pair's name that an earlier FaultTolerantVM left (its own
+// deletion removes it, so only a force-removed finalizer leaves one): it records nothing about
+// this pair.
+func (r *FaultTolerantVMReconciler) dropStaleRecord(ctx context.Context, stale *record) (*record, error) {
+	err := r.Delete(ctx, stale.lease, client.Preconditions{UID: &stale.lease.UID})
+	if client.IgnoreNotFound(err) != nil {
+		return nil, fmt.Errorf("deleting the Lease %s left by an earlier FaultTolerantVM: %w", stale.lease.Name, err)
+	}
+	log.FromContext(ctx).Info("deleted a Lease left by an earlier FaultTolerantVM of the same name", "lease", stale.lease.Name)
+	return &record{}, nil
+}
+
+// freshRecord reads the record from the API server: the decision that changes a role is taken
+// from it, never from a cache that may trail.
+func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*record, error) {
+	rec, err := readRecord(ctx, r.APIReader, ftvm)
+	if errors.Is(err, errStaleRecord) {
+		return r.dropStaleRecord(ctx, rec)
+	}
+	return rec, err
+}
+
+func ptrString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func ptrInt32(p *int32) int32 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}

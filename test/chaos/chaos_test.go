@@ -1,0 +1,499 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/controllers"
+)
+
+// The chaos suite: CHAOS_SEED (default: from the clock) and CHAOS_STEPS (default 40) choose the
+// schedule; `make test-chaos` runs it on its own local cluster (lockstep-chaos, CHAOS_KEEP=1
+// leaves it up). On a violation it prints the seed and the schedule.
+
+const (
+	ns        = "chaos"
+	nodes     = 8
+	poll      = 250 * time.Millisecond
+	maxPerVMs = 4 // the operator's default FT limit: members per node
+	maxVCPUs  = 8 // and vCPUs per node
+	// settleBound is how long every FaultTolerantVM that runs may take to be Protected again
+	// once the faults stop and every node is back; the time it took is reported.
+	settleBound = 3 * time.Minute
+)
+
+var (
+	k8s    client.Client
+	script string
+	env    []string
+)
+
+func TestChaos(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "lockstep chaos suite (local cluster)")
+}
+
+func cluster(args ...string) string {
+	cmd := exec.Command(script, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "hack/local-cluster.sh %s:\n%s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+var _ = BeforeSuite(func() {
+	_, file, _, _ := runtime.Caller(0)
+	script = filepath.Join(filepath.Dir(file), "..", "..", "hack", "local-cluster.sh")
+	env = []string{"CLUSTER_NAME=lockstep-chaos", "NODE_LOST_GRACE=5s"}
+	cluster("down")
+	cluster("up", strconv.Itoa(nodes))
+	cfg, err := clientcmd.BuildConfigFromFlags("", strings.TrimSpace(cluster("kubeconfig")))
+	Expect(err).NotTo(HaveOccurred())
+	cfg.QPS, cfg.Burst = 100, 200
+	k8s, err = client.New(cfg, client.Options{Scheme: controllers.NewScheme()})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	Expect(k8s.Create(context.Background(), &nadv1.NetworkAttachmentDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: ns},
+		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
+	})).To(Succeed())
+})
+
+var _ = AfterSuite(func() {
+	if script == "" || os.Getenv("CHAOS_KEEP") != "" {
+		return
+	}
+	cluster("down")
+})
+
+var _ = ReportAfterEach(func(r SpecReport) {
+	if !r.Failed() || script == "" {
+		return
+	}
+	out, _ := exec.Command("tail", "-n", "80", strings.TrimSpace(cluster("logs", "operator"))).CombinedOutput()
+	AddReportEntry("operator log (tail)", string(out))
+})
+
+func seedAndSteps() (uint64, int) {
+	seed := uint64(time.Now().UnixNano() % 1_000_000)
+	if s := os.Getenv("CHAOS_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		Expect(err).NotTo(HaveOccurred(), "CHAOS_SEED")
+		seed = v
+	}
+	steps := 40
+	if s := os.Getenv("CHAOS_STEPS"); s != "" {
+		v, err := strconv.Atoi(s)
+		Expect(err).NotTo(HaveOccurred(), "CHAOS_STEPS")
+		steps = v
+	}
+	return seed, steps
+}
+
+var _ = Describe("a seeded schedule of faults", func() {
+	It("never breaks an invariant, and protects every VM again once the faults stop", func(sctx SpecContext) {
+		seed, n := seedAndSteps()
+		steps := Schedule(seed, n, Model{Nodes: nodes, MaxVMs: 10, MaxNode: 12})
+		schedule := Format(seed, steps)
+		GinkgoWriter.Print(schedule)
+		fmt.Printf("chaos: seed %d, %d steps\n", seed, n)
+
+		mon := startMonitor()
+		r := &runner{dead: map[string]bool{}}
+		for _, s := range steps {
+			mon.note(s.String())
+			r.run(sctx, s)
+			Expect(mon.violations()).To(BeEmpty(), "invariant broken at or before step %d\n%s", s.N, schedule)
+		}
+
+		By("settling: every node back, the operator running")
+		settleStart := time.Now()
+		for node := range r.dead {
+			cluster("revive-node", node)
+		}
+		cluster("start", "operator")
+		Eventually(func(g Gomega) {
+			var list ftv1.FaultTolerantVMList
+			g.Expect(k8s.List(sctx, &list, client.InNamespace(ns))).To(Succeed())
+			for _, f := range list.Items {
+				if f.Spec.RunStrategy == ftv1.RunStrategyHalted {
+					g.Expect(f.Status.State).To(Equal(ftv1.StateStopped), f.Name)
+					continue
+				}
+				g.Expect(f.Status.State).To(Equal(ftv1.StateProtected), "%s: %+v", f.Name, f.Status.Conditions)
+			}
+		}).WithTimeout(settleBound).WithPolling(time.Second).Should(Succeed(), "not every VM Protected again\n%s", schedule)
+		fmt.Printf("chaos: every VM Protected %.1fs after the faults stopped\n", time.Since(settleStart).Seconds())
+		time.Sleep(2 * time.Second) // the monitor sees the settled state
+		Expect(mon.violations()).To(BeEmpty(), "%s", schedule)
+
+		By("the failover counts equal the promotions seen")
+		var list ftv1.FaultTolerantVMList
+		Expect(k8s.List(sctx, &list, client.InNamespace(ns))).To(Succeed())
+		for _, f := range list.Items {
+			Expect(f.Status.FailoverCount).To(Equal(mon.promotions(f.UID)), "FaultTolerantVM %s\n%s", f.Name, schedule)
+		}
+
+		By("deleting every FaultTolerantVM leaves nothing behind")
+		Expect(k8s.DeleteAllOf(sctx, &ftv1.FaultTolerantVM{}, client.InNamespace(ns))).To(Succeed())
+		Eventually(func() []string { return leftovers(sctx, "") }).WithTimeout(2*time.Minute).WithPolling(time.Second).
+			Should(BeEmpty(), "%s", schedule)
+		mon.stop()
+		Expect(mon.violations()).To(BeEmpty(), "%s", schedule)
+		fmt.Printf("chaos: seed %d, %d steps: no violation; %d promotions seen\n", seed, n, mon.totalPromotions())
+	}, NodeTimeout(90*time.Minute))
+})
+
+// runner carries out steps.
+type runner struct {
+	dead map[string]bool
+}
+
+func (r *runner) run(ctx context.Context, s Step) {
+	By(s.String())
+	switch s.Action {
+	case KillNode:
+		cluster("kill-node", s.Target)
+		r.dead[s.Target] = true
+	case ReviveNode:
+		cluster("revive-node", s.Target)
+		delete(r.dead, s.Target)
+	case FlapNode:
+		cluster("kill-node", s.Target)
+		time.Sleep(s.Hold)
+		if !r.dead[s.Target] {
+			cluster("revive-node", s.Target)
+		}
+	case AddNode:
+		cluster("add-node", s.Target, "zone-"+string(rune('a'+len(s.Target)%3)))
+	case KillOperator:
+		cluster("kill", "operator")
+		time.Sleep(s.Hold)
+		cluster("start", "operator")
+	case KillMidFailover:
+		r.killMidFailover(ctx, s)
+	case Create:
+		Expect(k8s.Create(ctx, newFTVM(s.Target, s.VCPUs))).To(Succeed())
+	case Delete:
+		err := k8s.Delete(ctx, &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.Target}})
+		Expect(client.IgnoreNotFound(err)).To(Succeed())
+	case Halt, Run:
+		rs := ftv1.RunStrategyHalted
+		if s.Action == Run {
+			rs = ftv1.RunStrategyRunning
+		}
+		patch := fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, rs)
+		err := k8s.Patch(ctx, &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.Target}}, client.RawPatch(types.MergePatchType, []byte(patch)))
+		Expect(client.IgnoreNotFound(err)).To(Succeed())
+	case Wait:
+		time.Sleep(s.Hold)
+	}
+}
+
+// killMidFailover kills the node of a running primary, waits until the operator acts on it (a
+// member fenced or a secondary labelled primary), SIGKILLs the operator right then, starts it
+// again after the step's hold, and brings the node back.
+func (r *runner) killMidFailover(ctx context.Context, s Step) {
+	var vmis virtv1.VirtualMachineInstanceList
+	Expect(k8s.List(ctx, &vmis, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelRole: ftv1.RolePrimary})).To(Succeed())
+	var node, pair string
+	for _, v := range vmis.Items {
+		if n := v.Labels[ftv1.LabelNode]; v.Status.Phase == virtv1.Running && !r.dead[n] {
+			node, pair = n, v.Labels[ftv1.LabelPair]
+			break
+		}
+	}
+	if node == "" {
+		return
+	}
+	GinkgoWriter.Printf("    primary of %s on %s\n", pair, node)
+	cluster("kill-node", node)
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) {
+		var now virtv1.VirtualMachineInstanceList
+		Expect(k8s.List(ctx, &now, client.InNamespace(ns), client.MatchingLabels{ftv1.LabelPair: pair})).To(Succeed())
+		acted := false
+		for _, v := range now.Items {
+			if v.Labels[ftv1.LabelRole] == ftv1.RoleFenced || v.Labels[ftv1.LabelRole] == ftv1.RolePrimary && v.Labels[ftv1.LabelNode] != node {
+				acted = true
+			}
+		}
+		if acted {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cluster("kill", "operator")
+	time.Sleep(s.Hold)
+	cluster("start", "operator")
+	cluster("revive-node", node)
+}
+
+func newFTVM(name string, vcpus int) *ftv1.FaultTolerantVM {
+	mem := resource.MustParse("1Gi")
+	return &ftv1.FaultTolerantVM{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: ftv1.FaultTolerantVMSpec{
+			RunStrategy:    ftv1.RunStrategyRunning,
+			LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+			Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{
+				CPU:    &virtv1.CPU{Cores: uint32(vcpus)},
+				Memory: &virtv1.Memory{Guest: &mem},
+			}}},
+		},
+	}
+}
+
+// monitor polls the API throughout and records every broken invariant.
+type monitor struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	bad      []string
+	lastStep string
+	wasSec   map[types.UID]map[string]bool // FaultTolerantVM -> members seen as secondaries
+	promoted map[types.UID]map[string]bool // -> members seen going from secondary to primary
+	goneAt   map[string]time.Time          // FaultTolerantVM name -> when it was first seen gone
+}
+
+func startMonitor() *monitor {
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &monitor{cancel: cancel, done: make(chan struct{}), wasSec: map[types.UID]map[string]bool{},
+		promoted: map[types.UID]map[string]bool{}, goneAt: map[string]time.Time{}}
+	go func() {
+		defer close(m.done)
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				m.check(ctx)
+			}
+		}
+	}()
+	return m
+}
+
+func (m *monitor) note(step string) {
+	m.mu.Lock()
+	m.lastStep = step
+	m.mu.Unlock()
+}
+
+func (m *monitor) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, b := range m.bad {
+		if strings.HasSuffix(b, msg) {
+			return
+		}
+	}
+	m.bad = append(m.bad, fmt.Sprintf("[during %s] %s", strings.TrimSpace(m.lastStep), msg))
+}
+
+// check is one look at the cluster.
+func (m *monitor) check(ctx context.Context) {
+	var vmis virtv1.VirtualMachineInstanceList
+	var ftvms ftv1.FaultTolerantVMList
+	var nodeList corev1.NodeList
+	if k8s.List(ctx, &vmis, client.InNamespace(ns)) != nil || k8s.List(ctx, &ftvms, client.InNamespace(ns)) != nil || k8s.List(ctx, &nodeList) != nil {
+		return // the API server is busy; look again
+	}
+	limits := map[string][2]int{}
+	for _, n := range nodeList.Items {
+		l := [2]int{maxPerVMs, maxVCPUs}
+		if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVMs]); err == nil {
+			l[0] = v
+		}
+		limits[n.Name] = l
+	}
+	type use struct{ members, vcpus int }
+	perNode := map[string]*use{}
+	byOwner := map[types.UID][]virtv1.VirtualMachineInstance{}
+	for _, v := range vmis.Items {
+		owner := metav1.GetControllerOf(&v)
+		if owner == nil {
+			continue
+		}
+		byOwner[owner.UID] = append(byOwner[owner.UID], v)
+		if v.IsFinal() {
+			continue
+		}
+		node := v.Labels[ftv1.LabelNode]
+		if perNode[node] == nil {
+			perNode[node] = &use{}
+		}
+		perNode[node].members++
+		perNode[node].vcpus += vcpusOf(&v)
+	}
+	for node, u := range perNode {
+		if l, ok := limits[node]; ok && (u.members > l[0] || u.vcpus > l[1]) {
+			m.fail("node %s holds %d members, %d vCPUs: above its FT limit %d/%d", node, u.members, u.vcpus, l[0], l[1])
+		}
+	}
+	m.mu.Lock()
+	for uid, members := range byOwner {
+		var primaries []string
+		nodeOf := map[string]string{}
+		if m.wasSec[uid] == nil {
+			m.wasSec[uid], m.promoted[uid] = map[string]bool{}, map[string]bool{}
+		}
+		for _, v := range members {
+			switch v.Labels[ftv1.LabelRole] {
+			case ftv1.RolePrimary:
+				primaries = append(primaries, v.Name)
+				if m.wasSec[uid][v.Name] {
+					m.promoted[uid][v.Name] = true
+				}
+			case ftv1.RoleSecondary:
+				m.wasSec[uid][v.Name] = true
+			}
+			if v.DeletionTimestamp == nil && !v.IsFinal() {
+				node := v.Labels[ftv1.LabelNode]
+				if other, ok := nodeOf[node]; ok {
+					m.mu.Unlock()
+					m.fail("members %s and %s of one pair on node %s", other, v.Name, node)
+					m.mu.Lock()
+				}
+				nodeOf[node] = v.Name
+			}
+		}
+		if len(primaries) > 1 {
+			sort.Strings(primaries)
+			m.mu.Unlock()
+			m.fail("two members labelled primary at once: %v", primaries)
+			m.mu.Lock()
+		}
+	}
+	m.mu.Unlock()
+	for _, f := range ftvms.Items {
+		if p, s := f.Status.Primary, f.Status.Secondary; p != nil && s != nil && p.Node == s.Node {
+			m.fail("%s: status shows primary %s and secondary %s both on node %s", f.Name, p.VMI, s.VMI, p.Node)
+		}
+	}
+	// Nothing is left of a FaultTolerantVM that is gone (allowing the API a moment to delete).
+	present := map[string]bool{}
+	for _, f := range ftvms.Items {
+		present[f.Name] = true
+	}
+	for _, name := range namesOfLeftovers(ctx) {
+		if present[name] {
+			delete(m.goneAt, name)
+			continue
+		}
+		m.mu.Lock()
+		at, ok := m.goneAt[name]
+		if !ok {
+			m.goneAt[name] = time.Now()
+		}
+		m.mu.Unlock()
+		if ok && time.Since(at) > 30*time.Second {
+			m.fail("FaultTolerantVM %s is gone, but %v is left", name, leftovers(ctx, name))
+		}
+	}
+}
+
+func vcpusOf(v *virtv1.VirtualMachineInstance) int {
+	if c := v.Spec.Domain.CPU; c != nil {
+		return int(max(c.Sockets, 1) * max(c.Cores, 1) * max(c.Threads, 1))
+	}
+	return 1
+}
+
+// namesOfLeftovers lists the FaultTolerantVM names that objects the operator made belong to.
+func namesOfLeftovers(ctx context.Context) []string {
+	set := map[string]bool{}
+	for _, l := range leftovers(ctx, "") {
+		set[strings.Fields(l)[0]] = true
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	return out
+}
+
+// leftovers lists "<ftvm> <kind>/<name>" for each object the operator made for pair (every pair
+// when ""): members, disk copies, records.
+func leftovers(ctx context.Context, pair string) []string {
+	sel := client.MatchingLabels{ftv1.LabelManagedBy: ftv1.ManagedByValue}
+	if pair != "" {
+		sel[ftv1.LabelPair] = pair
+	}
+	var out []string
+	var vmis virtv1.VirtualMachineInstanceList
+	if k8s.List(ctx, &vmis, client.InNamespace(ns), sel) == nil {
+		for _, v := range vmis.Items {
+			out = append(out, v.Labels[ftv1.LabelPair]+" VirtualMachineInstance/"+v.Name)
+		}
+	}
+	var pvcs corev1.PersistentVolumeClaimList
+	if k8s.List(ctx, &pvcs, client.InNamespace(ns), sel) == nil {
+		for _, c := range pvcs.Items {
+			out = append(out, c.Labels[ftv1.LabelPair]+" PersistentVolumeClaim/"+c.Name)
+		}
+	}
+	var leases coordinationv1.LeaseList
+	if k8s.List(ctx, &leases, client.InNamespace(ns), sel) == nil {
+		for _, l := range leases.Items {
+			out = append(out, l.Labels[ftv1.LabelPair]+" Lease/"+l.Name)
+		}
+	}
+	return out
+}
+
+func (m *monitor) violations() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.bad...)
+}
+
+func (m *monitor) promotions(uid types.UID) int32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int32(len(m.promoted[uid]))
+}
+
+func (m *monitor) totalPromotions() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, p := range m.promoted {
+		n += len(p)
+	}
+	return n
+}
+
+func (m *monitor) stop() { m.cancel(); <-m.done }
+
+var _ = apierrors.IsNotFound
