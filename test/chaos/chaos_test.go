@@ -67,6 +67,20 @@ func cluster(args ...string) string {
 	return string(out)
 }
 
+// killNode kills a node's host. Just after a revival kwok has not made the node's Lease again,
+// which kill-node needs: it is retried until it can be done.
+func killNode(node string) {
+	Eventually(func() error {
+		cmd := exec.Command(script, "kill-node", node)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}).WithTimeout(30 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
+}
+
 var _ = BeforeSuite(func() {
 	_, file, _, _ := runtime.Caller(0)
 	script = filepath.Join(filepath.Dir(file), "..", "..", "hack", "local-cluster.sh")
@@ -166,26 +180,46 @@ var _ = Describe("a seeded schedule of faults", func() {
 			Should(BeEmpty(), "%s", schedule)
 		mon.stop()
 		Expect(mon.violations()).To(BeEmpty(), "%s", schedule)
-		fmt.Printf("chaos: seed %d, %d steps: no violation; %d promotions seen\n", seed, n, mon.totalPromotions())
+		fmt.Printf("chaos: seed %d, %d steps (%s): no violation; %d promotions seen, %d operator kills mid-failover landed\n",
+			seed, n, countActions(steps), mon.totalPromotions(), r.midFailoverKills)
 	}, NodeTimeout(90*time.Minute))
 })
 
 // runner carries out steps.
 type runner struct {
 	dead map[string]bool
+	// midFailoverKills counts the operator kills that landed while a failover was under way.
+	midFailoverKills int
+}
+
+func countActions(steps []Step) string {
+	n := map[Action]int{}
+	for _, s := range steps {
+		n[s.Action]++
+	}
+	keys := make([]string, 0, len(n))
+	for a := range n {
+		keys = append(keys, string(a))
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n[Action(k)]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (r *runner) run(ctx context.Context, s Step) {
 	By(s.String())
 	switch s.Action {
 	case KillNode:
-		cluster("kill-node", s.Target)
+		killNode(s.Target)
 		r.dead[s.Target] = true
 	case ReviveNode:
 		cluster("revive-node", s.Target)
 		delete(r.dead, s.Target)
 	case FlapNode:
-		cluster("kill-node", s.Target)
+		killNode(s.Target)
 		time.Sleep(s.Hold)
 		if !r.dead[s.Target] {
 			cluster("revive-node", s.Target)
@@ -233,7 +267,7 @@ func (r *runner) killMidFailover(ctx context.Context, s Step) {
 		return
 	}
 	GinkgoWriter.Printf("    primary of %s on %s\n", pair, node)
-	cluster("kill-node", node)
+	killNode(node)
 	deadline := time.Now().Add(45 * time.Second)
 	for time.Now().Before(deadline) {
 		var now virtv1.VirtualMachineInstanceList
@@ -245,6 +279,7 @@ func (r *runner) killMidFailover(ctx context.Context, s Step) {
 			}
 		}
 		if acted {
+			r.midFailoverKills++
 			break
 		}
 		time.Sleep(50 * time.Millisecond)

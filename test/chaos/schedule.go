@@ -69,6 +69,16 @@ func Schedule(seed uint64, steps int, m Model) []Step {
 	d := &drawer{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), m: m, nodes: m.Nodes,
 		dead: map[string]bool{}, vms: map[string]bool{}, nextVM: 1}
 	out := make([]Step, 0, steps)
+	// A few VMs first, and time for them to be Protected, so that the faults find pairs to break.
+	for i := 0; i < 4 && len(out) < steps; i++ {
+		s := Step{N: len(out) + 1, Action: Create, Target: fmt.Sprintf("vm-%03d", d.nextVM), VCPUs: 1 + d.r.IntN(4)}
+		d.vms[s.Target] = true
+		d.nextVM++
+		out = append(out, s)
+	}
+	if len(out) < steps {
+		out = append(out, Step{N: len(out) + 1, Action: Wait, Hold: 10 * time.Second})
+	}
 	for len(out) < steps {
 		s := d.draw()
 		s.N = len(out) + 1
@@ -125,13 +135,14 @@ func (d *drawer) draw() Step {
 		s := Step{Action: KillNode, Target: a[d.r.IntN(len(a))]}
 		d.dead[s.Target] = true
 		return s
-	case x < 26 && len(d.dead) > 0:
+	case x < 20 && len(d.dead) > 0:
 		s := Step{Action: ReviveNode, Target: d.pick(d.dead, true)}
 		delete(d.dead, s.Target)
 		return s
 	case x < 33 && spare:
 		a := d.alive()
-		return Step{Action: FlapNode, Target: a[d.r.IntN(len(a))], Hold: d.hold(2*time.Second, 15*time.Second)}
+		// Some flaps end before the node is declared lost (8 s, then the operator's 5 s), some after.
+		return Step{Action: FlapNode, Target: a[d.r.IntN(len(a))], Hold: d.hold(2*time.Second, 25*time.Second)}
 	case x < 37 && d.nodes < d.m.MaxNode:
 		d.nodes++
 		return Step{Action: AddNode, Target: fmt.Sprintf("node-%d", d.nodes)}
@@ -161,7 +172,7 @@ func (d *drawer) draw() Step {
 		d.vms[s.Target] = true
 		return s
 	}
-	return Step{Action: Wait, Hold: d.hold(500*time.Millisecond, 4*time.Second)}
+	return Step{Action: Wait, Hold: d.hold(time.Second, 10*time.Second)}
 }
 
 // Format prints a schedule, a step a line.
