@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -37,8 +38,8 @@ func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) e
 		if err != nil {
 			return err
 		}
-		if !fresh.Exists {
-			fresh.Promotions = s.ftvm.Status.FailoverCount
+		if _, counted := fresh.lease.GetAnnotations()[ftv1.AnnotationPromotions]; !counted {
+			fresh.Promotions = s.ftvm.Status.FailoverCount // no record, or one lockstepd made
 		}
 		if fresh.Holder != "" && s.member(fresh.Holder) == nil {
 			gone, err := r.memberGone(ctx, s.ftvm.Namespace, fresh.Holder)
@@ -48,6 +49,13 @@ func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) e
 			if !gone {
 				s.requeueWithin(time.Second) // the cache trails the holder's creation
 				return errStop
+			}
+		}
+		if fresh.lease != nil && !metav1.IsControlledBy(fresh.lease, s.ftvm) {
+			// A record that lockstepd made (an operator before this one made none): adopt it, as
+			// it is, so that the cache and the garbage collector know it.
+			if err := r.writeRecord(ctx, s.ftvm, fresh, fresh.Record, fresh.holderNode); err != nil {
+				return r.retryOnRace(s, err)
 			}
 		}
 		s.record = fresh

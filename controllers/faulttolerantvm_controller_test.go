@@ -332,6 +332,31 @@ var _ = Describe("FaultTolerantVM", func() {
 			Consistently(func() int32 { return getFTVM(ns, "vm").Status.FailoverCount }, time.Second, interval).Should(Equal(int32(1)))
 		})
 
+		It("adopts a record that lockstepd made, as it is", func() {
+			primary := got.Status.Primary
+			// An operator before the record existed left the Lease to lockstepd, which makes it
+			// without labels or owner, and moved it on.
+			lease := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+			identity, epoch := ftv1.SideIdentity(primary.Node, primary.VMI), int32(7)
+			lease.Labels, lease.OwnerReferences, lease.Annotations = nil, nil, nil
+			lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &identity, &epoch
+			Expect(k8s.Update(ctx(), lease)).To(Succeed())
+			before := resourceVersions(members(ns, "vm"))
+			Eventually(func(g Gomega) {
+				lease := &coordinationv1.Lease{}
+				g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+				g.Expect(metav1.IsControlledBy(lease, getFTVM(ns, "vm"))).To(BeTrue())
+				g.Expect(lease.Labels).To(HaveKeyWithValue(ftv1.LabelManagedBy, ftv1.ManagedByValue))
+				g.Expect(*lease.Spec.HolderIdentity).To(Equal(identity))
+				g.Expect(*lease.Spec.LeaseTransitions).To(Equal(epoch))
+			}, timeout, interval).Should(Succeed())
+			after := waitFor(ns, "vm", "the adopted epoch", func(f *ftv1.FaultTolerantVM) bool { return f.Status.Epoch == int64(epoch) })
+			Expect(after.Status.State).To(Equal(ftv1.StateProtected))
+			Expect(after.Status.Primary.VMI).To(Equal(primary.VMI))
+			Expect(resourceVersions(members(ns, "vm"))).To(Equal(before), "the members are untouched")
+		})
+
 		It("fences a second member labelled primary that does not hold the record, and starts no third", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
 			// A bug, or an older version, labels the secondary primary without the record.
