@@ -194,6 +194,9 @@ func (a *Agent) Promote(ctx context.Context) {
 // Fence tells the agent that its member may never run the VM again (the operator fenced it): it
 // drops what it holds and stops the VM.
 func (a *Agent) Fence(ctx context.Context, why string) {
+	if a.State() == failover.Fenced {
+		return // already; and its loop may have ended
+	}
 	a.post(ctx, func() { a.fence(why) })
 }
 

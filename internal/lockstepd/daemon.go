@@ -182,6 +182,7 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if err := d.Client.List(ctx, &vmis, client.InNamespace(req.Namespace), client.MatchingLabels{ftv1.LabelPair: req.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
+	var errs []error
 	local := map[types.NamespacedName]*virtv1.VirtualMachineInstance{}
 	keep := map[types.NamespacedName]*virtv1.VirtualMachineInstance{} // local, and fenced: let the fence finish
 	for i := range vmis.Items {
@@ -191,8 +192,11 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 		if v.Labels[ftv1.LabelRole] == ftv1.RoleFenced {
 			// The operator took the member out of the pair's record: it never runs the VM again.
-			d.fence(ctx, client.ObjectKeyFromObject(v), "the operator fenced this member: "+v.Annotations[ftv1.AnnotationFencedMessage])
-			keep[client.ObjectKeyFromObject(v)] = v
+			key := client.ObjectKeyFromObject(v)
+			if m := d.fence(ctx, key, "the operator fenced this member: "+v.Annotations[ftv1.AnnotationFencedMessage]); m != nil {
+				errs = append(errs, d.settle(ctx, key, v, m)) // reports Fenced once the agent is
+			}
+			keep[key] = v
 			continue
 		}
 		if v.Status.Phase == virtv1.Running && v.DeletionTimestamp == nil {
@@ -202,7 +206,6 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	d.stopGone(req.NamespacedName, keep)
 
-	var errs []error
 	waiting := false
 	for key, vmi := range local {
 		m, err := d.ensureAgent(ctx, req.NamespacedName, vmi)
@@ -235,14 +238,16 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	return ctrl.Result{}, nil
 }
 
-// fence fences the agent of a member, if it runs one; the agent stops its VM for good.
-func (d *Daemon) fence(ctx context.Context, key types.NamespacedName, why string) {
+// fence fences the agent of a member, if it runs one (and returns it); the agent stops its VM for
+// good.
+func (d *Daemon) fence(ctx context.Context, key types.NamespacedName, why string) *member {
 	d.mu.Lock()
 	m := d.agents[key]
 	d.mu.Unlock()
 	if m != nil {
 		m.agent.Fence(ctx, why)
 	}
+	return m
 }
 
 // stopGone stops the agents of the pair whose member left this node (or ended).

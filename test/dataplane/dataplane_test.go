@@ -3,6 +3,7 @@
 package dataplane
 
 import (
+	"context"
 	"os"
 	"sort"
 	"strings"
@@ -11,8 +12,11 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
 )
 
@@ -303,5 +307,67 @@ func TestGracefulShutdown(t *testing.T) {
 		_, e := c.lease()
 		return p != nil && p.VMI == "a" && p.State == "Alone" && e == epoch+1
 	})
+	checkInvariants(t, c)
+}
+
+// TestOperatorMovesTheRecordWhileBothSidesRun: the node lifecycle, not lockstepd, declared the
+// primary's node lost (its kubelet died; its lockstepd and VM did not). The operator does what
+// controllers/failover.go does: it moves the pair's record (the Lease) to the secondary by
+// compare-and-set, labels the primary fenced, and then the secondary primary. The primary's
+// lockstepd stops its VM; the secondary's finds its claim already made and goes live; nothing the
+// clients saw is lost, and the two never both release output.
+func TestOperatorMovesTheRecordWhileBothSidesRun(t *testing.T) {
+	c := newCluster(t, 2)
+	c.protect()
+	l := &coordinationv1.Lease{}
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: c.ns, Name: lockstepd.LeaseName("vm")}, l); err != nil {
+		t.Fatal(err)
+	}
+	epoch := *l.Spec.LeaseTransitions + 1
+	identity := ftv1.SideIdentity(c.nodes[1].name, "b")
+	l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &identity, &epoch
+	if err := k8s.Update(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	c.relabel("a", ftv1.RoleFenced)
+	c.promote("b")
+
+	eventually(t, "the secondary goes live", 10*time.Second, func() bool { return c.obs.count("b") > 0 })
+	seen := c.obs.count("a")
+	time.Sleep(time.Second)
+	if now := c.obs.count("a"); now != seen {
+		t.Fatalf("the fenced primary still released outputs: %d, then %d", seen, now)
+	}
+	if holder, e := c.lease(); holder != identity || e != epoch {
+		t.Fatalf("Lease held by %s at epoch %d, want %s at %d (the secondary's claim was the operator's)", holder, e, identity, epoch)
+	}
+	eventually(t, "the live secondary reports Alone", 5*time.Second, func() bool {
+		p := c.primaryReport()
+		return p != nil && p.VMI == "b" && p.State == "Alone"
+	})
+	checkInvariants(t, c)
+}
+
+// TestOperatorFencesAPrimary: a member the operator labels fenced (it does not hold the pair's
+// record) is stopped by its lockstepd at once, and reported Fenced; its secondary, no longer
+// hearing it, wins the Lease and goes live, with nothing the clients saw lost.
+func TestOperatorFencesAPrimary(t *testing.T) {
+	c := newCluster(t, 2)
+	c.protect()
+	_, epoch := c.lease()
+	c.relabel("a", ftv1.RoleFenced)
+	eventually(t, "the fenced primary stops its VM", 10*time.Second, func() bool {
+		n := c.obs.count("a")
+		time.Sleep(300 * time.Millisecond)
+		return c.obs.count("a") == n
+	})
+	eventually(t, "its lockstepd reports it fenced by the operator", 10*time.Second, func() bool {
+		p := c.primaryReport()
+		return p != nil && p.VMI == "a" && p.State == ftv1.SideFenced && strings.Contains(p.Message, "the operator fenced")
+	})
+	eventually(t, "the secondary goes live", 10*time.Second, func() bool { return c.obs.count("b") > 0 })
+	if holder, e := c.lease(); holder != ftv1.SideIdentity(c.nodes[1].name, "b") || e != epoch+1 {
+		t.Fatalf("Lease held by %s at epoch %d, want the secondary at %d", holder, e, epoch+1)
+	}
 	checkInvariants(t, c)
 }

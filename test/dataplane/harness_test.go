@@ -267,10 +267,13 @@ func (c *cluster) member(name, role string, nd *node) {
 }
 
 // promote relabels a member as the primary, as the operator does once the primary's node is lost.
-func (c *cluster) promote(name string) {
+func (c *cluster) promote(name string) { c.relabel(name, ftv1.RolePrimary) }
+
+// relabel gives a member a role, as the operator does.
+func (c *cluster) relabel(name, role string) {
 	c.t.Helper()
 	vmi := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: name}}
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, ftv1.LabelRole, ftv1.RolePrimary)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, ftv1.LabelRole, role)
 	if err := k8s.Patch(context.Background(), vmi, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		c.t.Fatal(err)
 	}
