@@ -4,13 +4,10 @@ import (
 	"context"
 	"time"
 
-	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,17 +16,11 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/placement"
+	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
-// NewScheme knows every type the operator reads or writes.
-func NewScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(ftv1.AddToScheme(s))
-	utilruntime.Must(virtv1.AddToScheme(s))
-	utilruntime.Must(nadv1.AddToScheme(s))
-	return s
-}
+// NewScheme knows every type the operator reads or writes (internal/scheme).
+func NewScheme() *runtime.Scheme { return scheme.New() }
 
 // CacheOptions keeps only lockstep's own VMIs, claims and Leases in memory: a cluster may run many VMs
 // that are not fault tolerant. Other claims (the user's) are read through the API reader.

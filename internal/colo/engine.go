@@ -13,8 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
-	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/relay"
 )
@@ -101,9 +101,9 @@ func NewEngine(cfg EngineConfig) *Engine {
 }
 
 var _ interface {
-	lockstepd.Engine
-	lockstepd.Unprotector
-	lockstepd.StreamReporter
+	engine.Engine
+	engine.Unprotector
+	engine.StreamReporter
 } = (*Engine)(nil)
 
 // SetPeer sets the peer lockstepd's stream address: where a secondary's packet streams go, and
@@ -208,7 +208,7 @@ type entry struct {
 	Pause      time.Duration `json:"pause,omitempty"`
 }
 
-// Apply implements lockstepd.Engine: the secondary checks that it is in COLO when the primary
+// Apply implements engine.Engine: the secondary checks that it is in COLO when the primary
 // says so. (The VM's state itself arrives on the migration stream.)
 func (e *Engine) Apply(le ftlog.Entry) error {
 	var en entry
@@ -229,7 +229,7 @@ func (e *Engine) Apply(le ftlog.Entry) error {
 	return WaitMode(ctx, q, "secondary")
 }
 
-// Resync implements lockstepd.Engine: protect the VM with the agent's new secondary.
+// Resync implements engine.Engine: protect the VM with the agent's new secondary.
 func (e *Engine) Resync() {
 	e.mu.Lock()
 	e.resync++
@@ -237,7 +237,7 @@ func (e *Engine) Resync() {
 	e.poke()
 }
 
-// Unprotect implements lockstepd.Unprotector.
+// Unprotect implements engine.Unprotector.
 func (e *Engine) Unprotect() {
 	e.mu.Lock()
 	e.unprotect = true
@@ -252,15 +252,15 @@ func (e *Engine) poke() {
 	}
 }
 
-// GateInterface implements lockstepd.Engine: colo-compare is the output commit gate of a COLO
+// GateInterface implements engine.Engine: colo-compare is the output commit gate of a COLO
 // pair, inside QEMU; lockstepd's kernel gate stays out of its way.
 func (e *Engine) GateInterface() string { return "" }
 
-// Streams implements lockstepd.StreamReporter.
-func (e *Engine) Streams() lockstepd.StreamStats {
+// Streams implements engine.StreamReporter.
+func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := lockstepd.StreamStats{Bytes: e.bytesDone, Interval: e.interval}
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {
 			st.Bytes += c.Sent()
@@ -305,7 +305,7 @@ func (e *Engine) Execute(ctx context.Context, cmd string, args, result any) erro
 	return q.Execute(ctx, cmd, args, result)
 }
 
-// Stop implements lockstepd.Engine: kill QEMU (the side was fenced) and wait until it is gone.
+// Stop implements engine.Engine: kill QEMU (the side was fenced) and wait until it is gone.
 func (e *Engine) Stop() {
 	e.mu.Lock()
 	cmd, exited := e.cmd, e.exited
@@ -322,9 +322,9 @@ func (e *Engine) Stop() {
 	}
 }
 
-// Run implements lockstepd.Engine: the side runs the VM. A secondary goes live first; then every
+// Run implements engine.Engine: the side runs the VM. A secondary goes live first; then every
 // Resync protects the VM with the agent's new secondary, and Unprotect lets it run on alone.
-func (e *Engine) Run(ctx context.Context, rec lockstepd.Recorder) error {
+func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 	e.mu.Lock()
 	q, live, exited := e.q, e.live, e.exited
 	e.mu.Unlock()
@@ -401,7 +401,7 @@ func (e *Engine) goLive(ctx context.Context, q *qmp.Conn) error {
 
 // protect resyncs the secondary's disk, then migrates the VM into COLO with it, and logs "ready"
 // once the secondary holds the whole state.
-func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec lockstepd.Recorder) error {
+func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) error {
 	e.teardown(ctx, q) // what an earlier protection left
 	peer := e.peerAddr()
 	if peer == "" {

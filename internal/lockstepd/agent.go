@@ -72,9 +72,6 @@ type KernelGate interface {
 	Close() error
 }
 
-// ErrFenced is returned to an engine whose side was fenced.
-var ErrFenced = errors.New("this side was fenced: it may not run the VM")
-
 // Agent runs one member: one side of one pair.
 type Agent struct {
 	cfg    AgentConfig

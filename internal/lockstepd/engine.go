@@ -1,63 +1,16 @@
 package lockstepd
 
-import (
-	"context"
-	"time"
+import "github.com/lockstep-dev/lockstep/internal/engine"
 
-	"github.com/lockstep-dev/lockstep/internal/ftlog"
+// The engine contract lives in internal/engine, which engines import; these names keep the
+// daemon's code short.
+type (
+	Engine         = engine.Engine
+	Recorder       = engine.Recorder
+	Unprotector    = engine.Unprotector
+	StreamReporter = engine.StreamReporter
+	StreamStats    = engine.StreamStats
 )
 
-// Engine is one member's VM as lockstepd drives it. The QEMU COLO engine (issue 5) and the test
-// double in test/vmdouble implement it.
-type Engine interface {
-	// Run runs the VM as the primary, from its current state, until ctx ends: it logs every
-	// nondeterministic input through rec before acting on it, and sends outputs either through
-	// rec.Output or out of GateInterface, where the kernel gate holds them.
-	Run(ctx context.Context, rec Recorder) error
-	// Resync tells a running primary that a new secondary joined: the next entry it logs must
-	// carry the whole VM state, so that the secondary can start from it.
-	Resync()
-	// Apply applies one log entry on the secondary. lockstepd calls it in log order, exactly once
-	// per entry, and never after the side went live or was fenced.
-	Apply(e ftlog.Entry) error
-	// Stop stops the VM for good: the side was fenced. It must not return before the VM can no
-	// longer produce output.
-	Stop()
-	// GateInterface is the interface whose outbound packets the kernel gate holds (the VM's tap),
-	// or "" when every output goes through Recorder.Output.
-	GateInterface() string
-}
-
-// Recorder is what a running primary engine logs and outputs through.
-type Recorder interface {
-	// Append logs an entry and returns its position; every output produced after it follows it.
-	// It waits while the replication window is full (flow control) and while the secondary
-	// trails by more than the interval threshold (the paper's slowing of the primary).
-	Append(ctx context.Context, data []byte) (uint64, error)
-	// Output holds an output until the secondary has acknowledged every entry logged before it,
-	// then calls release; outputs are released in the order they were given. An output held when
-	// the side is fenced is dropped: release is never called.
-	Output(release func())
-}
-
-// Unprotector is an Engine that replicates through streams of its own (QEMU COLO) rather than
-// through the log alone. The agent calls Unprotect, without blocking, when the primary won the
-// pair's Lease after its secondary went silent: the engine stops replicating to that secondary
-// and runs the VM on alone until the next Resync.
-type Unprotector interface {
-	Unprotect()
-}
-
-// StreamReporter is an Engine whose own streams carry the VM's state; their figures replace the
-// log's in the status and the metrics while the side runs the VM.
-type StreamReporter interface {
-	Streams() StreamStats
-}
-
-// StreamStats are an engine's replication figures.
-type StreamStats struct {
-	// Bytes is what the engine's streams carried to the secondary, over the side's life.
-	Bytes uint64
-	// Interval is how far the secondary trails: the mean time between checkpoints (zero: none).
-	Interval time.Duration
-}
+// ErrFenced is engine.ErrFenced.
+var ErrFenced = engine.ErrFenced

@@ -19,7 +19,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
 // Main runs lockstepd with the given engines (by --engine name) and returns the exit code.
@@ -56,7 +56,7 @@ func Main(engines map[string]NewEngine) int {
 
 	members, _ := labels.NewRequirement(ftv1.LabelPair, selection.Exists, nil)
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 controllers.NewScheme(),
+		Scheme:                 scheme.New(),
 		Metrics:                metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress: cfg.HealthAddress,
 		// Every FT member of the cluster (a primary needs its secondary's node), nothing else.

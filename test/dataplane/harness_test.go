@@ -40,8 +40,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/internal/scheme"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
@@ -84,7 +84,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "start envtest (make envtest-assets test-crds):", err)
 		os.Exit(1)
 	}
-	if k8s, err = client.New(restCfg, client.Options{Scheme: controllers.NewScheme()}); err != nil {
+	if k8s, err = client.New(restCfg, client.Options{Scheme: scheme.New()}); err != nil {
 		panic(err)
 	}
 	code := m.Run()

@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
-	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 )
 
 // Counter is the double.
@@ -42,7 +42,7 @@ type Counter struct {
 	running sync.WaitGroup
 }
 
-var _ lockstepd.Engine = (*Counter)(nil)
+var _ engine.Engine = (*Counter)(nil)
 
 // Value is the counter.
 func (c *Counter) Value() uint64 {
@@ -57,12 +57,12 @@ func (c *Counter) trace(format string, args ...any) {
 	}
 }
 
-// Run implements lockstepd.Engine.
-func (c *Counter) Run(ctx context.Context, rec lockstepd.Recorder) error {
+// Run implements engine.Engine.
+func (c *Counter) Run(ctx context.Context, rec engine.Recorder) error {
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
-		return lockstepd.ErrFenced
+		return engine.ErrFenced
 	}
 	c.running.Add(1)
 	v := c.value
@@ -111,10 +111,10 @@ func (c *Counter) Run(ctx context.Context, rec lockstepd.Recorder) error {
 	}
 }
 
-// Resync implements lockstepd.Engine: every entry carries the whole state already.
+// Resync implements engine.Engine: every entry carries the whole state already.
 func (c *Counter) Resync() {}
 
-// Apply implements lockstepd.Engine.
+// Apply implements engine.Engine.
 func (c *Counter) Apply(e ftlog.Entry) error {
 	if len(e.Data) != 8 {
 		return fmt.Errorf("entry %d has %d bytes, want 8", e.Seq, len(e.Data))
@@ -127,7 +127,7 @@ func (c *Counter) Apply(e ftlog.Entry) error {
 	return nil
 }
 
-// Stop implements lockstepd.Engine.
+// Stop implements engine.Engine.
 func (c *Counter) Stop() {
 	c.mu.Lock()
 	c.stopped = true
@@ -136,7 +136,7 @@ func (c *Counter) Stop() {
 	c.trace("stop")
 }
 
-// GateInterface implements lockstepd.Engine.
+// GateInterface implements engine.Engine.
 func (c *Counter) GateInterface() string { return c.Iface }
 
 // Monotonic is CLOCK_MONOTONIC in nanoseconds: one clock for every process and network
