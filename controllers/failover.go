@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -24,8 +23,8 @@ import (
 // phaseDecide decides which member runs the VM (internal/roles) and carries the decision out in
 // an order that a crash at any point leaves safe: the record first; then every member that leaves
 // the primary role is labelled fenced (and deleted) before another is labelled primary, so that
-// two members are never labelled primary at once; then the secondaries that cannot follow go. What is left undone is redone from the
-// record by the next reconcile, whoever runs it.
+// two members are never labelled primary at once; then the secondaries that cannot follow go.
+// What is left undone is redone from the record by the next reconcile, whoever runs it.
 func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) error {
 	if !s.record.Exists {
 		s.record.Promotions = s.ftvm.Status.FailoverCount // a pair of a version before the record
@@ -186,13 +185,10 @@ func orNone(s string) string {
 	return s
 }
 
-// errRace: a write lost to a newer view of the object; the next reconcile decides again.
-var errRace = errors.New("the view was stale")
-
 // retryOnRace turns a write that lost a race (a Conflict, or AlreadyExists of the record) into a
 // short requeue: the decision is taken again from a newer view.
 func (r *FaultTolerantVMReconciler) retryOnRace(s *scope, err error) error {
-	if errors.Is(err, errRace) || apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		log.Log.V(1).Info("lost a race; deciding again", "ftvm", s.ftvm.Name, "err", err.Error())
 		s.requeueWithin(200 * time.Millisecond)
 		return errStop

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strconv"
 	"time"
@@ -108,11 +107,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 		o, _ := strconv.Atoi(copies[i].Annotations[ftv1.AnnotationOrdinal])
 		s.maxOrdinal = max(s.maxOrdinal, o)
 	}
-	s.record, err = readRecord(ctx, r.Client, ftvm)
-	if errors.Is(err, errStaleRecord) {
-		s.record, err = r.dropStaleRecord(ctx, s.record)
-	}
-	if err != nil {
+	if s.record, err = r.loadRecord(ctx, r.Client, ftvm); err != nil {
 		return nil, err
 	}
 	s.judgeReplication()

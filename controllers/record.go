@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -51,9 +52,8 @@ func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM
 	}
 	rec := &record{lease: lease}
 	rec.Exists = true
-	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
-		rec.Holder = ftv1.VMIOfIdentity(*h)
-		rec.holderNode = (*h)[:len(*h)-len(rec.Holder)-1]
+	if h := ptr.Deref(lease.Spec.HolderIdentity, ""); h != "" {
+		rec.holderNode, rec.Holder = ftv1.SplitIdentity(h)
 	}
 	if t := lease.Spec.LeaseTransitions; t != nil {
 		rec.Epoch = int64(*t)
@@ -94,7 +94,7 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	}
 	epoch := int32(next.Epoch)
 	now := metav1.NewMicroTime(r.Clock.Now())
-	if cur.lease == nil || ptrString(cur.lease.Spec.HolderIdentity) != identity || int64(ptrInt32(cur.lease.Spec.LeaseTransitions)) != next.Epoch {
+	if cur.lease == nil || ptr.Deref(cur.lease.Spec.HolderIdentity, "") != identity || int64(ptr.Deref(cur.lease.Spec.LeaseTransitions, 0)) != next.Epoch {
 		lease.Spec.AcquireTime = &now
 	}
 	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions, lease.Spec.RenewTime = &identity, &epoch, &now
@@ -134,26 +134,18 @@ func (r *FaultTolerantVMReconciler) dropStaleRecord(ctx context.Context, stale *
 	return &record{}, nil
 }
 
-// freshRecord reads the record from the API server: the decision that changes a role is taken
-// from it, never from a cache that may trail.
-func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*record, error) {
-	rec, err := readRecord(ctx, r.APIReader, ftvm)
+// loadRecord reads the pair's record from reader, deleting a Lease that an earlier
+// FaultTolerantVM of the same name left.
+func (r *FaultTolerantVMReconciler) loadRecord(ctx context.Context, reader client.Reader, ftvm *ftv1.FaultTolerantVM) (*record, error) {
+	rec, err := readRecord(ctx, reader, ftvm)
 	if errors.Is(err, errStaleRecord) {
 		return r.dropStaleRecord(ctx, rec)
 	}
 	return rec, err
 }
 
-func ptrString(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}
-
-func ptrInt32(p *int32) int32 {
-	if p == nil {
-		return 0
-	}
-	return *p
+// freshRecord reads the record from the API server: the decision that changes a role is taken
+// from it, never from a cache that may trail.
+func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*record, error) {
+	return r.loadRecord(ctx, r.APIReader, ftvm)
 }

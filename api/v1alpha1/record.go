@@ -23,5 +23,17 @@ func RecordName(ftvm string) string { return "ft-" + ftvm }
 // SideIdentity names a member in the record: "<node>/<vmi>".
 func SideIdentity(node, vmi string) string { return node + "/" + vmi }
 
+// SplitIdentity is the node and the member VMI a record identity names (node "" when it names
+// no node).
+func SplitIdentity(identity string) (node, vmi string) {
+	if node, vmi, ok := strings.Cut(identity, "/"); ok {
+		return node, vmi
+	}
+	return "", identity
+}
+
 // VMIOfIdentity is the member VMI a record identity names.
-func VMIOfIdentity(identity string) string { return identity[strings.IndexByte(identity, '/')+1:] }
+func VMIOfIdentity(identity string) string {
+	_, vmi := SplitIdentity(identity)
+	return vmi
+}
