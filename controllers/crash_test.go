@@ -27,7 +27,8 @@ import (
 	"github.com/lockstep-dev/lockstep/controllers"
 )
 
-// Crash points. Each path that changes a member's role (a failover, a re-protection, a deletion)
+// Crash points. Each path that changes a member's role (a failover, a re-protection, a restart
+// from disk, a deletion)
 // is run once to record the operator's API writes, which must be exactly the rows of its table;
 // then once per row, with the operator "crashing" right after that write: the write goes
 // through, every later one fails, the manager is stopped, and a new one starts with an empty
@@ -305,6 +306,41 @@ var _ = Describe("Crash points", func() {
 				"delete PersistentVolumeClaim vm-2-root", // the lost secondary's copy
 				status("FaultTolerantVM", "vm"),
 				"patch VirtualMachineInstance vm-3",
+				status("FaultTolerantVM", "vm"),
+			},
+		})
+	})
+
+	It("a restart from disk converges from a crash after any of its writes: one new pair, no failover", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(_ string, b pairBefore) {
+				// Both members' nodes stop answering at the same moment and are lost together when
+				// the grace runs out: no copy of the running VM survives.
+				at := metav1.Now()
+				for _, n := range []string{b.primary.Node, b.secondary.Node} {
+					node := &corev1.Node{}
+					Expect(k8s.Get(ctx(), types.NamespacedName{Name: n}, node)).To(Succeed())
+					node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: at, Reason: "Test"}}
+					Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+				}
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, "vm-3", 0, b.primary.Node, b.secondary.Node)
+			},
+			rows: []string{
+				status("FaultTolerantVM", "vm"),      // both nodes suspect
+				"update Lease ft-vm",                 // released: nobody may run the VM
+				"patch VirtualMachineInstance vm-1",  // the lost primary labelled fenced
+				"delete VirtualMachineInstance vm-1", // and deleted
+				"delete VirtualMachineInstance vm-2", // its lost secondary
+				"update Lease ft-vm",                 // the new primary takes the record
+				"create VirtualMachineInstance vm-3", // on the VM's disk
+				"create PersistentVolumeClaim vm-4-root",
+				"create VirtualMachineInstance vm-4",
+				"delete PersistentVolumeClaim vm-2-root", // the old secondary's copy
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-4", // synchronized
 				status("FaultTolerantVM", "vm"),
 			},
 		})
