@@ -49,6 +49,7 @@ vet: ## go vet (the e2e, VM and chaos suites too).
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
 	$(GOLANGCI_LINT) run ./...
+	GOLANGCI_LINT=$(GOLANGCI_LINT) hack/lint-rules.sh
 
 .PHONY: verify
 verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or go.mod are stale, or code is unformatted.

@@ -12,7 +12,6 @@ package arbiter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -21,10 +20,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 )
 
 // ErrLost means another side holds a newer epoch: this side must fence itself.
-var ErrLost = errors.New("lost the pair's Lease to the other side")
+var ErrLost = engine.ErrLost
 
 // Arbiter claims one pair's Lease for one side.
 type Arbiter struct {
@@ -38,10 +40,9 @@ type Arbiter struct {
 }
 
 // Holder is who holds the Lease, at which epoch.
-type Holder struct {
-	Identity string
-	Epoch    uint64
-}
+type Holder = engine.Holder
+
+var _ engine.Arbiter = (*Arbiter)(nil)
 
 // Ensure creates the Lease with identity as holder at epoch 1 if it does not exist, and returns the
 // current holder.
@@ -69,10 +70,10 @@ func (a *Arbiter) Current(ctx context.Context) (Holder, error) {
 	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
 		return Holder{}, err
 	}
-	return holderOf(lease), nil
+	return a.holderOf(lease), nil
 }
 
-func holderOf(l *coordinationv1.Lease) Holder {
+func (a *Arbiter) holderOf(l *coordinationv1.Lease) Holder {
 	h := Holder{}
 	if l.Spec.HolderIdentity != nil {
 		h.Identity = *l.Spec.HolderIdentity
@@ -80,6 +81,7 @@ func holderOf(l *coordinationv1.Lease) Holder {
 	if l.Spec.LeaseTransitions != nil {
 		h.Epoch = uint64(*l.Spec.LeaseTransitions)
 	}
+	h.Self = h.Identity != "" && ftv1.VMIOfIdentity(h.Identity) == ftv1.VMIOfIdentity(a.Identity)
 	return h
 }
 
@@ -93,7 +95,7 @@ func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
 	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
 		return 0, err
 	}
-	h := holderOf(lease)
+	h := a.holderOf(lease)
 	switch {
 	case h.Epoch > known && h.Identity == a.Identity:
 		return h.Epoch, nil // an earlier claim of ours went through

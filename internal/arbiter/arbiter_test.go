@@ -49,10 +49,10 @@ func TestExactlyOneSideWinsEachRace(t *testing.T) {
 	ctx := context.Background()
 	p, s := newArbiter(t, "race", "node-1/db-1"), newArbiter(t, "race", "node-2/db-2")
 	h, err := p.Ensure(ctx)
-	if err != nil || h.Epoch != 1 || h.Identity != "node-1/db-1" {
+	if err != nil || h.Epoch != 1 || h.Identity != "node-1/db-1" || !h.Self {
 		t.Fatalf("ensure: %+v %v", h, err)
 	}
-	if h2, err := s.Ensure(ctx); err != nil || h2 != h {
+	if h2, err := s.Ensure(ctx); err != nil || h2.Identity != h.Identity || h2.Epoch != h.Epoch || h2.Self {
 		t.Fatalf("a second Ensure must not change the holder: %+v %v", h2, err)
 	}
 	epoch := h.Epoch
@@ -122,5 +122,22 @@ func TestNoArbiterNoWinner(t *testing.T) {
 	a := &Arbiter{Client: c, Lease: types.NamespacedName{Namespace: "default", Name: "x"}, Identity: "me", Timeout: time.Second}
 	if _, err := a.Claim(context.Background(), 1); err == nil || errors.Is(err, ErrLost) {
 		t.Fatalf("with the API server unreachable a claim must fail, not win or lose: %v", err)
+	}
+}
+
+// TestHolderNamedBeforeItsNodeIsSelf: the operator names a new primary in the record before the
+// scheduler gave it a node ("/<vmi>"); that member's lockstepd must recognize the record as its
+// own, and another member's must not.
+func TestHolderNamedBeforeItsNodeIsSelf(t *testing.T) {
+	ctx := context.Background()
+	op := newArbiter(t, "named-early", "/db-1")
+	if h, err := op.Ensure(ctx); err != nil || h.Identity != "/db-1" {
+		t.Fatalf("ensure: %+v %v", h, err)
+	}
+	if h, err := newArbiter(t, "named-early", "node-1/db-1").Ensure(ctx); err != nil || !h.Self {
+		t.Fatalf("the named member: %+v %v, want Self", h, err)
+	}
+	if h, err := newArbiter(t, "named-early", "node-2/db-2").Ensure(ctx); err != nil || h.Self {
+		t.Fatalf("another member: %+v %v, want not Self", h, err)
 	}
 }

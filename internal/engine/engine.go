@@ -69,3 +69,28 @@ type StreamStats struct {
 	// Interval is how far the secondary trails: the mean time between checkpoints (zero: none).
 	Interval time.Duration
 }
+
+// ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must
+// fence itself.
+var ErrLost = errors.New("lost the pair's Lease to the other side")
+
+// Arbiter is the pair's record of who may run the VM, with a compare-and-set on its epoch: the
+// white paper's atomic test-and-set on shared storage. internal/arbiter implements it on a
+// coordination.k8s.io Lease; the tests use test/leasedouble.
+type Arbiter interface {
+	// Ensure creates the record with this side as holder at epoch 1 if there is none, and
+	// returns the current holder.
+	Ensure(ctx context.Context) (Holder, error)
+	// Claim takes the epoch after known for this side; ErrLost if someone holds a newer one.
+	Claim(ctx context.Context, known uint64) (uint64, error)
+}
+
+// Holder is who holds the record, at which epoch.
+type Holder struct {
+	Identity string
+	Epoch    uint64
+	// Self: the holder is this side's member (possibly named before its node was known). A new
+	// primary may claim only a record that names it or no one: one that names another member
+	// means the VM runs, or is to run, there.
+	Self bool
+}

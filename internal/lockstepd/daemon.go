@@ -1,3 +1,7 @@
+// Package lockstepd is the node daemon: it finds the FT members on its node in the API, gives
+// each an agent (internal/agent) around its VM engine, carries what the agents decide into the
+// API (fenced members deleted, synchronized secondaries marked) and reports to the
+// FaultTolerantVM status, with metrics and probes.
 package lockstepd
 
 import (
@@ -26,8 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/arbiter"
 	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
@@ -38,7 +44,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 
 // NewEngine makes the engine of a member VMI on this node.
-type NewEngine func(vmi *virtv1.VirtualMachineInstance) (Engine, error)
+type NewEngine func(vmi *virtv1.VirtualMachineInstance) (engine.Engine, error)
 
 // Daemon runs an agent for every FT member on its node.
 type Daemon struct {
@@ -58,13 +64,13 @@ type Daemon struct {
 
 // member is a running agent and what the daemon remembers of it.
 type member struct {
-	agent  *Agent
+	agent  *agent.Agent
 	pair   types.NamespacedName
 	role   string // the role the agent started in
 	cancel context.CancelFunc
 	done   chan struct{}
 	// reporting
-	reported   Status
+	reported   agent.Status
 	reportedAt time.Time
 	bytes      uint64
 	syncMarked bool
@@ -275,7 +281,7 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	if m != nil {
 		return m, nil
 	}
-	engine, err := d.NewEngine(vmi)
+	vm, err := d.NewEngine(vmi)
 	if err != nil {
 		return nil, fmt.Errorf("making the VM engine of %s: %w", key, err)
 	}
@@ -286,11 +292,11 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	queue := d.queues
 	d.mu.Unlock()
 	lg := log.FromContext(ctx).WithValues("vmi", key.String(), "identity", identity)
-	cfg := AgentConfig{
+	cfg := agent.Config{
 		Pair: pair.String(), Identity: identity, Primary: role == ftv1.RolePrimary,
 		Channel: d.Config.ChannelConfig(pair.String(), d.tls),
 		Detect:  d.Config.Detect, ClaimTimeout: d.Config.ClaimTimeout, Log: lg,
-		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (KernelGate, error) {
+		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (agent.KernelGate, error) {
 			return openKernelGate(ctx, iface, d.Config.GateHook, queue, position)
 		},
 		OnChange: func() {
@@ -306,11 +312,11 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	arb := &arbiter.Arbiter{Client: d.Client, Identity: identity, Timeout: time.Second,
 		Lease: types.NamespacedName{Namespace: pair.Namespace, Name: LeaseName(pair.Name)}}
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m = &member{agent: NewAgent(cfg, engine, arb, d.mux), pair: pair, role: role, cancel: cancel, done: make(chan struct{})}
+	m = &member{agent: agent.New(cfg, vm, arb, d.mux), pair: pair, role: role, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(m.done)
 		err := m.agent.Run(actx)
-		if errors.Is(err, ErrFenced) {
+		if errors.Is(err, engine.ErrFenced) {
 			lg.Info("the member was fenced; its VMI will be deleted", "why", m.agent.Status().Message)
 			cfg.OnChange()
 		}
@@ -323,14 +329,14 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 }
 
 // peerOf finds the member a primary streams to: the pair's secondary, on another node.
-func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance, all []virtv1.VirtualMachineInstance) (Peer, bool, error) {
+func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance, all []virtv1.VirtualMachineInstance) (agent.Peer, bool, error) {
 	for i := range all {
 		v := &all[i]
 		if v.Name == self.Name || v.DeletionTimestamp != nil || v.Labels[ftv1.LabelRole] != ftv1.RoleSecondary ||
 			v.Status.NodeName == "" || v.Status.NodeName == d.Config.NodeName || v.Status.Phase != virtv1.Running {
 			continue
 		}
-		p := Peer{VMI: v.Name, Node: v.Status.NodeName}
+		p := agent.Peer{VMI: v.Name, Node: v.Status.NodeName}
 		node := &corev1.Node{}
 		if err := d.Client.Get(ctx, types.NamespacedName{Name: p.Node}, node); err != nil {
 			return p, true, client.IgnoreNotFound(err)
@@ -338,7 +344,7 @@ func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance
 		p.Addr = node.Annotations[ftv1.AnnotationNodeLoggingAddress]
 		return p, true, nil
 	}
-	return Peer{}, false, nil
+	return agent.Peer{}, false, nil
 }
 
 // settle carries out what the agent's state asks of the API: mark a synchronized secondary,
@@ -365,7 +371,7 @@ func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virt
 
 // report writes the agent's side into the FaultTolerantVM's status: at once when the state
 // changed, otherwise at most every StatusInterval.
-func (d *Daemon) report(ctx context.Context, m *member, st Status) error {
+func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 	now := time.Now()
 	prev := m.reported
 	changed := prev.State != st.State || prev.Synced != st.Synced || prev.Connected != st.Connected || prev.Epoch != st.Epoch
@@ -411,14 +417,14 @@ func (d *Daemon) report(ctx context.Context, m *member, st Status) error {
 }
 
 // Statuses returns every agent's snapshot (for the metrics).
-func (d *Daemon) Statuses() []Status {
+func (d *Daemon) Statuses() []agent.Status {
 	d.mu.Lock()
 	ms := make([]*member, 0, len(d.agents))
 	for _, m := range d.agents {
 		ms = append(ms, m)
 	}
 	d.mu.Unlock()
-	out := make([]Status, 0, len(ms))
+	out := make([]agent.Status, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, m.agent.Status())
 	}

@@ -1,4 +1,4 @@
-// Package leasedouble is a test double of the pair's Lease (internal/arbiter): the same
+// Package leasedouble is a test double of the pair's Lease (internal/arbiter, an engine.Arbiter): the same
 // compare-and-set rule on epochs, in memory, with a switch that makes the API server unreachable.
 // The agent's unit tests and the VM tier use it; the real Lease is tested against a real
 // kube-apiserver in internal/arbiter and in the data-plane tier.
@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/lockstep-dev/lockstep/internal/arbiter"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 )
 
 // ErrDown is returned while the Lease is unreachable.
@@ -19,7 +19,7 @@ var ErrDown = errors.New("the API server is unreachable")
 // Lease is one pair's Lease.
 type Lease struct {
 	mu     sync.Mutex
-	holder arbiter.Holder
+	holder engine.Holder
 	down   bool
 }
 
@@ -30,33 +30,42 @@ func (l *Lease) SetDown(down bool) {
 	l.mu.Unlock()
 }
 
+// Hold makes id the holder at epoch, as the operator does when it gives the record to a member.
+func (l *Lease) Hold(id string, epoch uint64) {
+	l.mu.Lock()
+	l.holder = engine.Holder{Identity: id, Epoch: epoch}
+	l.mu.Unlock()
+}
+
 // Holder is the current holder.
-func (l *Lease) Holder() arbiter.Holder {
+func (l *Lease) Holder() engine.Holder {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.holder
 }
 
-// Side is the Lease as one side (identity id) sees it: a lockstepd.Arbiter.
+// Side is the Lease as one side (identity id) sees it: a engine.Arbiter.
 func (l *Lease) Side(id string) Side { return Side{l: l, id: id} }
 
-// Side implements lockstepd.Arbiter for one identity.
+// Side implements engine.Arbiter for one identity.
 type Side struct {
 	l  *Lease
 	id string
 }
 
 // Ensure creates the Lease for this side at epoch 1 if there is none, and returns its holder.
-func (s Side) Ensure(context.Context) (arbiter.Holder, error) {
+func (s Side) Ensure(context.Context) (engine.Holder, error) {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
 	if s.l.down {
-		return arbiter.Holder{}, ErrDown
+		return engine.Holder{}, ErrDown
 	}
 	if s.l.holder.Epoch == 0 {
-		s.l.holder = arbiter.Holder{Identity: s.id, Epoch: 1}
+		s.l.holder = engine.Holder{Identity: s.id, Epoch: 1}
 	}
-	return s.l.holder, nil
+	h := s.l.holder
+	h.Self = h.Identity == s.id
+	return h, nil
 }
 
 // Claim takes the epoch after known, if known is still the current one.
@@ -67,8 +76,8 @@ func (s Side) Claim(_ context.Context, known uint64) (uint64, error) {
 		return 0, ErrDown
 	}
 	if s.l.holder.Epoch != known {
-		return 0, fmt.Errorf("%w: epoch %d is %s's", arbiter.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
+		return 0, fmt.Errorf("%w: epoch %d is %s's", engine.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
 	}
-	s.l.holder = arbiter.Holder{Identity: s.id, Epoch: known + 1}
+	s.l.holder = engine.Holder{Identity: s.id, Epoch: known + 1}
 	return known + 1, nil
 }

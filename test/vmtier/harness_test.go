@@ -19,10 +19,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/internal/relay"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
@@ -90,7 +90,7 @@ type member struct {
 	name   string
 	node   *node
 	engine *colo.Engine
-	agent  *lockstepd.Agent
+	agent  *agent.Agent
 	vm     colo.VM
 	dir    string
 	cancel context.CancelFunc
@@ -223,7 +223,7 @@ func (c *cluster) start(n *node, primary bool, peer *node) *member {
 		t.Fatalf("%s: %v", name, err)
 	}
 	tlsCfg := c.ca.TLSConfig(t, "lockstepd")
-	m.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
+	m.agent = agent.New(agent.Config{
 		Pair: pairName, Identity: n.name + "/" + name, Primary: primary,
 		Channel: channel.Config{Pair: pairName, TLS: tlsCfg, Heartbeat: heartbeat, Timeout: timeout},
 		Dial:    dialFrom(n), Detect: detect, ClaimTimeout: 2 * time.Second, Log: log,
@@ -239,7 +239,7 @@ func (c *cluster) protect(p *member, n *node) *member {
 	c.t.Helper()
 	s := c.start(n, false, p.node)
 	p.engine.SetPeer(n.streamAddr())
-	p.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr()})
+	p.agent.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr()})
 	c.waitState(p, failover.Protected, 5*time.Minute)
 	if st := s.agent.Status(); !st.Synced {
 		c.t.Fatalf("the secondary is not synchronized once the primary is protected: %+v", st)

@@ -12,6 +12,7 @@ import (
 
 	virtv1 "kubevirt.io/api/core/v1"
 
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
 )
@@ -24,7 +25,7 @@ func main() {
 	var traceFile io.Writer
 	var once sync.Once
 	os.Exit(lockstepd.Main(map[string]lockstepd.NewEngine{
-		"vmdouble": func(vmi *virtv1.VirtualMachineInstance) (lockstepd.Engine, error) {
+		"vmdouble": func(vmi *virtv1.VirtualMachineInstance) (engine.Engine, error) {
 			var err error
 			once.Do(func() {
 				if *trace != "" {

@@ -1,4 +1,4 @@
-package lockstepd_test
+package agent_test
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
@@ -69,7 +70,7 @@ func (o *outputs) snapshot() (runs []string, maxes map[string]uint64, err error)
 }
 
 type side struct {
-	agent  *lockstepd.Agent
+	agent  *agent.Agent
 	engine *vmdouble.Counter
 	cancel context.CancelFunc
 	done   chan error
@@ -79,7 +80,7 @@ type side struct {
 type pair struct {
 	// wrap, when set for a side's name, wraps its counter engine (to add an optional interface
 	// or a failure).
-	wrap       map[string]func(*vmdouble.Counter) lockstepd.Engine
+	wrap       map[string]func(*vmdouble.Counter) engine.Engine
 	lease      *leasedouble.Lease
 	outs       *outputs
 	a, b       *side
@@ -107,11 +108,11 @@ func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config
 	s := &side{cancel: cancel, done: make(chan error, 1), ln: ln}
 	go func() { _ = mux.Serve(ctx, ln) }()
 	s.engine = &vmdouble.Counter{Name: name, Step: 200 * time.Microsecond, Emit: p.outs.emitter(name, follower)}
-	var engine lockstepd.Engine = s.engine
+	var engine engine.Engine = s.engine
 	if w := p.wrap[name]; w != nil {
 		engine = w(s.engine)
 	}
-	s.agent = lockstepd.NewAgent(lockstepd.AgentConfig{
+	s.agent = agent.New(agent.Config{
 		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
 		Detect: 120 * time.Millisecond, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
 	}, engine, p.lease.Side(name), mux)
@@ -144,7 +145,7 @@ func (p *pair) protect(t *testing.T) {
 		return p.b.engine, from.Load()
 	})
 	a.Store(p.a)
-	p.a.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: "b", Node: "node-b", Addr: p.b.ln.Addr().String()})
+	p.a.agent.SetPeer(context.Background(), agent.Peer{VMI: "b", Node: "node-b", Addr: p.b.ln.Addr().String()})
 	waitState(t, p.a, failover.Protected)
 	// Values the engine logs from now on are logged while protected (the one it may be logging
 	// right now is not).
@@ -197,7 +198,7 @@ func TestSecondaryGoesLiveWhenPrimaryDies(t *testing.T) {
 
 	// A new secondary joins the live side: protection resumes.
 	c := p.start(t, "c", false, p.tlsA, nil)
-	p.b.agent.SetPeer(context.Background(), lockstepd.Peer{VMI: "c", Node: "node-c", Addr: c.ln.Addr().String()})
+	p.b.agent.SetPeer(context.Background(), agent.Peer{VMI: "c", Node: "node-c", Addr: c.ln.Addr().String()})
 	waitState(t, p.b, failover.Protected)
 	if !c.agent.Status().Synced {
 		t.Fatal("the new secondary is not synchronized")
@@ -234,14 +235,14 @@ type unprotecting struct {
 
 func (u *unprotecting) Unprotect() { u.unprotects.Add(1) }
 
-func (u *unprotecting) Streams() lockstepd.StreamStats {
-	return lockstepd.StreamStats{Bytes: 1 << 30, Interval: 2 * time.Second}
+func (u *unprotecting) Streams() engine.StreamStats {
+	return engine.StreamStats{Bytes: 1 << 30, Interval: 2 * time.Second}
 }
 
 func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
 	p := newPair(t)
 	var eng *unprotecting
-	p.wrap = map[string]func(*vmdouble.Counter) lockstepd.Engine{"a": func(c *vmdouble.Counter) lockstepd.Engine {
+	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
 		eng = &unprotecting{Counter: c}
 		return eng
 	}}
@@ -270,7 +271,7 @@ type dying struct {
 	die chan struct{}
 }
 
-func (d *dying) Run(ctx context.Context, rec lockstepd.Recorder) error {
+func (d *dying) Run(ctx context.Context, rec engine.Recorder) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = d.Counter.Run(ctx, rec) }()
@@ -285,7 +286,7 @@ func (d *dying) Run(ctx context.Context, rec lockstepd.Recorder) error {
 func TestSideWhoseVMDiesFencesItselfAndTheSecondaryTakesOver(t *testing.T) {
 	p := newPair(t)
 	die := make(chan struct{})
-	p.wrap = map[string]func(*vmdouble.Counter) lockstepd.Engine{"a": func(c *vmdouble.Counter) lockstepd.Engine {
+	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
 		return &dying{Counter: c, die: die}
 	}}
 	p.protect(t)
@@ -294,5 +295,24 @@ func TestSideWhoseVMDiesFencesItselfAndTheSecondaryTakesOver(t *testing.T) {
 	waitState(t, p.b, failover.Alone)
 	if msg := p.a.agent.Status().Message; !strings.Contains(msg, "QEMU exited") {
 		t.Fatalf("the fenced side's message %q does not say why", msg)
+	}
+}
+
+// TestPrimaryNeverTakesARecordThatNamesAnotherMember: a primary whose lockstepd starts after the
+// pair's record moved to another member (its secondary went live while this lockstepd was away)
+// must not claim the next epoch: it is fenced, runs nothing, and the record stays where it is.
+func TestPrimaryNeverTakesARecordThatNamesAnotherMember(t *testing.T) {
+	p := newPair(t)
+	p.lease.Hold("b", 3)
+	a := p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, a, failover.Fenced)
+	if h := p.lease.Holder(); h.Identity != "b" || h.Epoch != 3 {
+		t.Fatalf("the record moved to %+v, want b at epoch 3", h)
+	}
+	if v := a.engine.Value(); v != 0 {
+		t.Fatalf("the fenced primary's VM ran to %d", v)
+	}
+	if st := a.agent.Status(); st.RunsVM || !strings.Contains(st.Message, "names b") {
+		t.Fatalf("fenced primary: %+v", st)
 	}
 }

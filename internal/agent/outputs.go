@@ -1,4 +1,4 @@
-package lockstepd
+package agent
 
 import (
 	"sync"

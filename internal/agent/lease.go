@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+)
+
+func (a *Agent) startPrimary(ctx context.Context) {
+	holder, err := a.arb.Ensure(ctx)
+	if err != nil {
+		a.fence(fmt.Sprintf("could not read the pair's Lease: %v", err))
+		return
+	}
+	if holder.Identity != "" && !holder.Self {
+		// The record names another member: the VM runs there (a secondary went live while this
+		// side's lockstepd was away), or is about to. Claiming would take it from that member.
+		a.on(ctx, failover.ClaimLost, fmt.Sprintf("the pair's record names %s at epoch %d, not this member", holder.Identity, holder.Epoch))
+		return
+	}
+	// A new primary always takes a new epoch: an older primary of the pair, if any still runs,
+	// is fenced by it.
+	a.claim(ctx, holder.Epoch)
+}
+
+// claimFromPeer stops following or streaming to the silent peer and claims the epoch this side
+// knows.
+func (a *Agent) claimFromPeer(ctx context.Context) {
+	a.mu.Lock()
+	known, sec := a.epoch, a.sec
+	a.mu.Unlock()
+	if sec != nil {
+		// Apply nothing more: this side may go live from what it has. Close waits for an entry
+		// being applied, whose apply takes a.mu: it must not be held here.
+		sec.Close()
+		a.mux.Unregister(a.cfg.Pair, sec)
+		known = sec.Epoch()
+	}
+	a.dropChannel()
+	a.claim(ctx, known)
+}
+
+// claim asks the arbiter for the epoch after known, retrying until ClaimTimeout, and feeds the
+// answer to the loop.
+func (a *Agent) claim(ctx context.Context, known uint64) {
+	a.mu.Lock()
+	if a.claiming {
+		a.mu.Unlock()
+		return
+	}
+	a.claiming = true
+	a.mu.Unlock()
+	go func() {
+		epoch, err := claimWithin(ctx, a.arb, known, a.cfg.ClaimTimeout)
+		a.post(ctx, func() {
+			a.mu.Lock()
+			a.claiming = false
+			if err == nil {
+				a.epoch = epoch
+			}
+			a.mu.Unlock()
+			switch {
+			case err == nil:
+				a.on(ctx, failover.ClaimWon, fmt.Sprintf("won the pair's Lease at epoch %d", epoch))
+			case errors.Is(err, engine.ErrLost):
+				a.on(ctx, failover.ClaimLost, err.Error())
+			default:
+				a.on(ctx, failover.ClaimFailed, fmt.Sprintf("could not reach the arbiter within %s: %v", a.cfg.ClaimTimeout, err))
+			}
+		})
+	}()
+}
+
+func claimWithin(ctx context.Context, arb engine.Arbiter, known uint64, timeout time.Duration) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		epoch, err := arb.Claim(ctx, known)
+		if err == nil || errors.Is(err, engine.ErrLost) {
+			return epoch, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

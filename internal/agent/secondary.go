@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+)
+
+func (a *Agent) startSecondary() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sec = channel.NewSecondary(a.cfg.Channel, a.apply)
+	a.mux.Register(a.cfg.Pair, a.sec)
+}
+
+// apply applies an entry on the secondary; the first one makes it synchronized.
+func (a *Agent) apply(e ftlog.Entry) error {
+	if err := a.vm.Apply(e); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	first := !a.synced
+	a.synced = true
+	a.mu.Unlock()
+	if first {
+		a.changed()
+	}
+	return nil
+}
+
+// checkSilence is the failure detector: a protected primary or a synchronized secondary that has
+// not heard its peer for Detect claims the Lease.
+func (a *Agent) checkSilence(ctx context.Context, now time.Time) {
+	a.mu.Lock()
+	state, sec, out, synced := a.side.State, a.sec, a.out, a.synced
+	a.mu.Unlock()
+	var silence time.Duration
+	switch {
+	case state == failover.Protected && out != nil:
+		silence = now.Sub(out.p.Stats().LastHeard)
+	case state == failover.Replicating && synced && sec != nil:
+		silence = sec.Silence(now)
+	default:
+		return
+	}
+	if silence > a.cfg.Detect {
+		a.on(ctx, failover.PeerSilent, fmt.Sprintf("the peer was silent for %s", silence.Round(time.Millisecond)))
+	}
+}

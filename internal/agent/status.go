@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+)
+
+// State is the side's state.
+func (a *Agent) State() failover.State {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.side.State
+}
+
+// Status is a snapshot of the agent, for the FaultTolerantVM status and the metrics.
+type Status struct {
+	Pair, Identity string
+	State          failover.State
+	// Since is when the side entered State.
+	Since time.Time
+	// RunsVM: the side runs the VM (a primary, or a secondary that went live).
+	RunsVM    bool
+	Epoch     uint64
+	Synced    bool
+	Peer      Peer
+	Connected bool
+	// LastHeard is when the peer was last heard (zero: never).
+	LastHeard time.Time
+	Interval  time.Duration
+	PaceDelay time.Duration
+	// BytesLogged counts log entry bytes sent (primary) over the agent's life.
+	BytesLogged uint64
+	// Position is the last output position; Applied the secondary's last applied entry.
+	Position, Applied uint64
+	Held              int
+	Failovers         int
+	Message           string
+}
+
+// Status returns the agent's snapshot.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	st := Status{Pair: a.cfg.Pair, Identity: a.cfg.Identity, State: a.side.State, Since: a.since,
+		RunsVM: a.engineRun != nil, Epoch: a.epoch, Synced: a.synced, Peer: a.peer, Position: a.pos,
+		Failovers: a.failovers, Message: a.fenceWhy, BytesLogged: a.bytesDone}
+	oc, sec, kg := a.out, a.sec, a.kgate
+	if a.engineErr != nil {
+		st.Message = "the VM engine stopped: " + a.engineErr.Error()
+	}
+	a.mu.Unlock()
+	st.Held = a.pgate.Held()
+	if kg != nil {
+		st.Held += kg.Held()
+	}
+	switch {
+	case oc != nil:
+		ps := oc.p.Stats()
+		st.Connected, st.LastHeard, st.Interval, st.PaceDelay = ps.Connected, ps.LastHeard, ps.Interval, ps.PaceDelay
+		st.BytesLogged += ps.BytesLogged
+	case sec != nil && !st.RunsVM:
+		ss := sec.Stats()
+		st.Connected, st.LastHeard, st.Applied = ss.Connected, ss.LastHeard, ss.Applied
+		if e := sec.Epoch(); e > st.Epoch {
+			st.Epoch = e
+		}
+		if ss.Connections == 0 {
+			st.LastHeard = time.Time{}
+		}
+	}
+	if r, ok := a.vm.(engine.StreamReporter); ok && st.RunsVM {
+		// The engine's own streams carry the VM's state: they are the log that counts.
+		streams := r.Streams()
+		st.BytesLogged += streams.Bytes
+		if streams.Interval > 0 {
+			st.Interval = streams.Interval
+		}
+	}
+	return st
+}
