@@ -160,9 +160,13 @@ func (r *FaultTolerantVMReconciler) announceRecord(ctx context.Context, s *scope
 	case plan.Restart && before.Holder != "":
 		why := "no secondary"
 		for _, d := range plan.Drop {
-			if mv := s.member(d.Name); mv != nil && !mv.synced() {
+			mv := s.member(d.Name)
+			switch {
+			case mv != nil && !mv.synced():
 				why = fmt.Sprintf("secondary %s never synchronized", d.Name)
-			} else {
+			case mv != nil && s.reportedUnsynced(mv):
+				why = fmt.Sprintf("lockstepd reports secondary %s unsynchronized", d.Name)
+			default:
 				why = fmt.Sprintf("secondary %s cannot take over", d.Name)
 			}
 		}

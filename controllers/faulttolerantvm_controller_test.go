@@ -457,6 +457,70 @@ var _ = Describe("FaultTolerantVM", func() {
 		})
 	})
 
+	Context("where lockstepd runs", func() {
+		// lockstepd publishes its logging address on its Node when it starts: from then on it is
+		// the one writer of a secondary's synchronization.
+		BeforeEach(func() {
+			for i := 1; i <= 3; i++ {
+				name := makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+				node := &corev1.Node{}
+				Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
+				base := node.DeepCopy()
+				node.Annotations = map[string]string{ftv1.AnnotationNodeLoggingAddress: fmt.Sprintf("10.9.0.%d:7410", i)}
+				Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
+			}
+		})
+
+		It("leaves the secondary's synchronization to lockstepd, and is Protected only once lockstepd marks it", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+			got := waitFor(ns, "vm", "both members running", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Primary != nil && f.Status.Secondary != nil && f.Status.State == ftv1.StateStarting &&
+					condition(f, ftv1.ConditionSecondaryReady) != nil && condition(f, ftv1.ConditionSecondaryReady).Status == metav1.ConditionTrue
+			})
+			Consistently(func() string { return getVMIAnnotation(ns, got.Status.Secondary.VMI, ftv1.AnnotationSyncedAt) }, "2s", interval).
+				Should(BeEmpty(), "the operator does not infer what lockstepd reports")
+			Expect(getFTVM(ns, "vm").Status.State).To(Equal(ftv1.StateStarting))
+
+			// What lockstepd writes when its engine finished the initial synchronization.
+			vmi, err := getVMI(ns, got.Status.Secondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			base := vmi.DeepCopy()
+			vmi.Annotations[ftv1.AnnotationSyncedAt] = time.Now().UTC().Format(time.RFC3339)
+			Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
+			waitForState(ns, "vm", ftv1.StateProtected)
+		})
+
+		It("never promotes a secondary that lockstepd reports unsynchronized: the VM restarts from its disks", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+			got := waitFor(ns, "vm", "both members running", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Primary != nil && f.Status.Secondary != nil && f.Status.State == ftv1.StateStarting
+			})
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// The secondary was synchronized once, but its lockstepd now says it holds nothing
+			// (it restarted, and the protection ended with it).
+			patch := fmt.Sprintf(`{"status":{"replication":{"secondary":{"vmi":%q,"node":%q,"state":"Replicating","synchronized":false,"reportTime":%q}}}}`,
+				oldSecondary.VMI, oldSecondary.Node, time.Now().UTC().Format(time.RFC3339))
+			Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			vmi, err := getVMI(ns, oldSecondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			base := vmi.DeepCopy()
+			vmi.Annotations[ftv1.AnnotationSyncedAt] = time.Now().UTC().Format(time.RFC3339)
+			Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
+			Consistently(func() ftv1.FTState { return getFTVM(ns, "vm").Status.State }, "1s", interval).
+				Should(Equal(ftv1.StateStarting), "a secondary lockstepd reports unsynchronized does not protect the VM")
+
+			setNodeReady(oldPrimary.Node, false)
+			Eventually(func() string {
+				return eventMessages(ns, "vm", ftv1.ReasonPrimaryLost)
+			}, timeout, interval).Should(ContainSubstring("lockstepd reports secondary " + oldSecondary.VMI + " unsynchronized"))
+			after := getFTVM(ns, "vm")
+			Expect(after.Status.FailoverCount).To(BeZero(), "the unsynchronized secondary was not promoted")
+			if v, err := getVMI(ns, oldSecondary.VMI); err == nil {
+				Expect(v.Labels[ftv1.LabelRole]).NotTo(Equal(ftv1.RolePrimary))
+			}
+		})
+	})
+
 	Context("when the cluster is full", func() {
 		It("never exceeds the FT limit, reports NotProtected with the reason, and protects when a node is added", func() {
 			recorder := recordMembersPerNode()

@@ -21,12 +21,18 @@ import (
 
 // phaseMarkSynced marks a secondary that holds the primary's state. A secondary that started
 // while its primary's node was already failing never received that state, and promoting it would
-// lose the VM's memory and recent writes (a restart from disk is the honest outcome then). Until
-// lockstepd reports the end of the initial synchronization, a secondary counts as synchronized once
-// it has run beside a primary that runs on a healthy node.
+// lose the VM's memory and recent writes (a restart from disk is the honest outcome then). Where
+// lockstepd runs on the secondary's node, lockstepd alone marks it, from its engine's real end
+// of the initial synchronization. Only where no lockstepd runs (a cluster without the data plane)
+// does the operator infer it: once the secondary has run beside a primary on a healthy node.
 func (r *FaultTolerantVMReconciler) phaseMarkSynced(ctx context.Context, s *scope) error {
 	sec, p := s.secondary, s.primary
 	if sec == nil || p == nil || sec.synced() || sec.verdict.State != health.Running || p.verdict.State != health.Running {
+		return nil
+	}
+	if sec.lockstepd {
+		// lockstepd runs there: it marks the secondary when its engine finished the initial
+		// synchronization (the one writer of the fact); the operator's inference would be a guess.
 		return nil
 	}
 	base := sec.vmi.DeepCopy()

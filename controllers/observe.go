@@ -24,6 +24,9 @@ type memberView struct {
 	ordinal int
 	node    string
 	verdict health.Verdict
+	// lockstepd: the member's node runs lockstepd (it published its logging address), which is
+	// then the one writer of the member's synchronization.
+	lockstepd bool
 }
 
 // scope carries one reconcile's observations and decisions to the status computation.
@@ -88,6 +91,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 			return nil, err
 		}
 		mv.verdict = health.Judge(v, mv.node, nodePtr, r.Clock.Now(), r.Config.NodeLostGrace)
+		mv.lockstepd = nodePtr != nil && node.Annotations[ftv1.AnnotationNodeLoggingAddress] != ""
 		if mv.verdict.State == health.Suspect {
 			s.requeueWithin(mv.verdict.RecheckAfter)
 		}
@@ -152,7 +156,7 @@ func (s *scope) roleMembers() []roles.Member {
 		epoch, _ := strconv.ParseInt(mv.vmi.Annotations[ftv1.AnnotationEpoch], 10, 64)
 		out = append(out, roles.Member{
 			Name: mv.vmi.Name, Ordinal: mv.ordinal, Role: mv.vmi.Labels[ftv1.LabelRole],
-			Health: roleHealth(mv.verdict.State), Synced: mv.synced(), Epoch: epoch,
+			Health: roleHealth(mv.verdict.State), Synced: s.holdsState(mv), Epoch: epoch,
 			Follows: mv.vmi.Annotations[ftv1.AnnotationFollows],
 		})
 	}
@@ -171,7 +175,19 @@ func roleHealth(st health.State) roles.Health {
 	return roles.Pending
 }
 
-// synced says whether the member holds its pair's state (see phaseMarkSynced).
+// holdsState says whether the member may take over the VM: it was synchronized once, and
+// lockstepd does not report it unsynchronized now.
+func (s *scope) holdsState(mv *memberView) bool { return mv.synced() && !s.reportedUnsynced(mv) }
+
+// reportedUnsynced says whether lockstepd reports the member as a secondary that does not hold
+// the pair's state (it restarted, or its protection ended): such a member is never promoted,
+// whatever its synced-at annotation says.
+func (s *scope) reportedUnsynced(mv *memberView) bool {
+	r := s.ftvm.Status.Replication
+	return r != nil && r.Secondary != nil && r.Secondary.VMI == mv.vmi.Name && !r.Secondary.Synchronized
+}
+
+// synced says whether the member held its pair's state once (see phaseMarkSynced).
 func (mv *memberView) synced() bool {
 	_, ok := mv.vmi.Annotations[ftv1.AnnotationSyncedAt]
 	return ok

@@ -77,7 +77,7 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		st.State = ftv1.StateFailingOver
 		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
 			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
-	case alive(s.primary) && alive(s.secondary) && !s.secondary.synced():
+	case alive(s.primary) && alive(s.secondary) && !s.holdsState(s.secondary):
 		st.State = ftv1.StateStarting
 		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting,
 			fmt.Sprintf("secondary %s on node %s is synchronizing with the primary", s.secondary.vmi.Name, s.secondary.node))

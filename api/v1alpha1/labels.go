@@ -21,8 +21,9 @@ const (
 	// AnnotationRoleSince is when the member took its role (RFC 3339).
 	AnnotationRoleSince = "ft.lockstep.dev/role-since"
 	// AnnotationSyncedAt, on a secondary, is when it was first known to hold the primary's state
-	// (RFC 3339): only such a secondary may be promoted. lockstepd sets it when the initial
-	// synchronization completes; until lockstepd runs, the operator sets it once the secondary has
+	// (RFC 3339): only such a secondary may be promoted, and only while lockstepd does not report
+	// it unsynchronized. lockstepd sets it when its engine's initial synchronization completes; on
+	// a node without lockstepd (no logging address), the operator sets it once the secondary has
 	// run beside a primary on a healthy node.
 	AnnotationSyncedAt = "ft.lockstep.dev/synced-at"
 	// AnnotationTemplate holds the template the member was built from (JSON), so that a new
@@ -49,6 +50,10 @@ const (
 	// AnnotationNodeLoggingAddress, on a Node, is where its lockstepd listens for FT log
 	// connections ("ip:port" on the logging network); lockstepd sets it when it starts.
 	AnnotationNodeLoggingAddress = "ft.lockstep.dev/logging-address"
+
+	// AnnotationNodeStreamAddress, on a Node, is where its lockstepd relays an engine's own
+	// streams (QEMU COLO's: checkpoints, disk writes, packets), on the logging network too.
+	AnnotationNodeStreamAddress = "ft.lockstep.dev/stream-address"
 
 	// AnnotationNodeMaxVMs, on a Node, overrides the cluster's FT VM limit for that node.
 	AnnotationNodeMaxVMs = "ft.lockstep.dev/max-ft-vms"

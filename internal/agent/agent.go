@@ -11,6 +11,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -34,6 +35,8 @@ type Peer struct {
 	VMI, Node string
 	// Addr is where the peer's lockstepd listens for the FT log ("" while unknown).
 	Addr string
+	// StreamAddr is where it relays an engine's own streams (engine.PeerSetter; "" while unknown).
+	StreamAddr string
 }
 
 // Config configures one member's agent.
@@ -98,6 +101,7 @@ type Agent struct {
 	since     time.Time // of the current state
 	failovers int
 	fenceWhy  string
+	attachErr error  // why the engine could not attach to its VM yet
 	bytesDone uint64 // log bytes of channels already dropped
 }
 
@@ -123,6 +127,12 @@ func New(cfg Config, vm engine.Engine, arb engine.Arbiter, mux Registrar) *Agent
 // Run runs the agent until ctx ends or the side is fenced and its VM stopped.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown()
+	if !a.attach(ctx) {
+		if a.State() == failover.Fenced {
+			return engine.ErrFenced
+		}
+		return ctx.Err()
+	}
 	if a.cfg.Primary {
 		a.startPrimary(ctx)
 	} else {
@@ -145,6 +155,49 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// attach attaches an engine that must find its VM first (engine.Starter), retrying every two
+// seconds and reporting why it cannot yet; the agent's events are served meanwhile (the member
+// may be fenced while it waits). It reports whether the side may start.
+func (a *Agent) attach(ctx context.Context) bool {
+	s, ok := a.vm.(engine.Starter)
+	if !ok {
+		return true
+	}
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ev := <-a.events:
+			ev()
+			if a.State() == failover.Fenced {
+				return false
+			}
+		case <-retry.C:
+			err := s.Start(ctx)
+			fenced := errors.Is(err, engine.ErrFenced)
+			a.mu.Lock()
+			a.attachErr = err
+			if fenced {
+				a.attachErr = nil // the fence says why
+			}
+			a.mu.Unlock()
+			switch {
+			case err == nil:
+				a.changed()
+				return true
+			case fenced:
+				a.fence("attaching to the member's VM: " + err.Error())
+				return false
+			}
+			a.cfg.Log.Info("cannot attach to the member's VM yet; retrying", "err", err.Error())
+			a.changed()
+			retry.Reset(2 * time.Second)
+		}
+	}
+}
+
 // post runs fn on the agent's loop.
 func (a *Agent) post(ctx context.Context, fn func()) {
 	select {
@@ -155,6 +208,9 @@ func (a *Agent) post(ctx context.Context, fn func()) {
 
 // SetPeer tells the agent where the other member is; a primary without a secondary connects to it.
 func (a *Agent) SetPeer(ctx context.Context, p Peer) {
+	if ps, ok := a.vm.(engine.PeerSetter); ok {
+		ps.SetPeer(engine.Peer{Member: p.VMI, StreamAddr: p.StreamAddr})
+	}
 	a.post(ctx, func() {
 		a.mu.Lock()
 		a.peer = p
@@ -274,6 +330,9 @@ func (a *Agent) shutdown() {
 	}
 	if kg != nil {
 		_ = kg.Close()
+	}
+	if d, ok := a.vm.(engine.Detacher); ok {
+		d.Detach()
 	}
 }
 

@@ -46,6 +46,9 @@ func (a *Agent) Status() Status {
 		RunsVM: a.engineRun != nil, Epoch: a.epoch, Synced: a.synced, Peer: a.peer, Position: a.pos,
 		Failovers: a.failovers, Message: a.fenceWhy, BytesLogged: a.bytesDone}
 	oc, sec, kg := a.out, a.sec, a.kgate
+	if a.attachErr != nil {
+		st.Message = "attaching to the member's VM: " + a.attachErr.Error()
+	}
 	if a.engineErr != nil {
 		st.Message = "the VM engine stopped: " + a.engineErr.Error()
 	}

@@ -8,9 +8,9 @@ package colo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -41,76 +41,44 @@ const (
 // Path is the socket of a stream.
 func (s Sockets) Path(stream string) string { return filepath.Join(s.Dir, stream+".sock") }
 
+// QMP is lockstepd's own QMP monitor of the member's QEMU: the launcher gives QEMU a second
+// monitor there (its own stays the launcher's), and the engine attaches to it.
+func (s Sockets) QMP() string { return filepath.Join(s.Dir, "qmp.sock") }
+
+// maxSocketPath is the longest path a Unix socket can have on Linux (sun_path is 108 bytes, with
+// its terminating NUL).
+const maxSocketPath = 107
+
+// Validate says whether every socket of the directory fits in a Unix socket's path.
+func (s Sockets) Validate() error {
+	if s.Dir == "" {
+		return errors.New("the member has no socket directory")
+	}
+	for _, p := range []string{s.Path(StreamMigration), s.loop("out"), s.QMP()} {
+		if len(p) > maxSocketPath {
+			return fmt.Errorf("socket path %s is %d bytes, over the %d a Unix socket allows: use a shorter run directory", p, len(p), maxSocketPath)
+		}
+	}
+	return nil
+}
+
 // loop is the socket of one of colo-compare's local loops on the primary.
 func (s Sockets) loop(name string) string { return filepath.Join(s.Dir, "loop-"+name+".sock") }
 
-// VM is what both sides share: the same guest, the same MAC.
-type VM struct {
-	QEMU     string
-	Firmware []string // -L directories
-	Kernel   string
-	Initrd   string
-	Append   string
-	MemoryMB int
-	// Tap is the host interface of the VM's NIC; MAC is the NIC's address (the same on both
-	// sides, so that the secondary takes over the primary's identity on the network).
-	Tap, MAC string
-	// QMP is the path of the QMP socket; Serial the file the console goes to.
-	QMP, Serial string
-}
-
-// Args is the command line every QEMU of lockstep's runs with, COLO or not: TCG, the guest, the
-// console, QMP, and the NIC on the tap.
-func (vm VM) Args(name string) []string {
-	args := []string{"-name", name, "-accel", "tcg", "-cpu", "qemu64", "-m", strconv.Itoa(max(vm.MemoryMB, 128)), "-smp", "1",
-		"-nodefaults", "-display", "none", "-vga", "none"}
-	for _, l := range vm.Firmware {
-		args = append(args, "-L", l)
-	}
-	if vm.Kernel != "" {
-		args = append(args, "-kernel", vm.Kernel, "-initrd", vm.Initrd, "-append", vm.Append)
-	}
-	return append(args,
-		"-serial", "file:"+vm.Serial, "-qmp", "unix:"+vm.QMP+",server=on,wait=off",
-		"-netdev", "tap,id=hn0,ifname="+vm.Tap+",script=no,downscript=no,vhost=off",
-		"-device", "rtl8139,id=e0,netdev=hn0,mac="+vm.MAC+",romfile=")
-}
-
-// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk as
-// the only child of a quorum, to which Protect adds the replication child. It starts paused (-S):
-// the engine continues it once the side holds the pair's Lease.
-func PrimaryArgs(vm VM, disk string) []string {
-	return append(vm.Args("primary"),
-		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename="+disk+",children.0.driver=qcow2",
-		"-S")
-}
-
-// SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk
-// (Protect resyncs it); active and hidden are empty qcow2 images of the same size (best on
-// tmpfs): COLO writes the secondary's own writes and the primary's replicated ones there until a
-// failover merges them. Its packet streams dial the node's lockstepd, which carries them to the
-// primary; it takes the migration on its own socket.
-func SecondaryArgs(vm VM, parent, active, hidden string, s Sockets) []string {
-	return append(vm.Args("secondary"),
-		"-chardev", "socket,id=red0,path="+s.Path(StreamMirror)+",reconnect=1",
-		"-chardev", "socket,id=red1,path="+s.Path(StreamCompare)+",reconnect=1",
-		"-object", "filter-redirector,id=f1,netdev=hn0,queue=tx,indev=red0",
-		"-object", "filter-redirector,id=f2,netdev=hn0,queue=rx,outdev=red1",
-		"-object", "filter-rewriter,id=rew0,netdev=hn0,queue=all",
-		"-drive", "if=none,id=parent0,file.filename="+parent+",driver=qcow2",
-		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,file.driver=qcow2,top-id=colo-disk0,"+
-			"file.file.filename="+active+",file.backing.driver=qcow2,file.backing.file.filename="+hidden+",file.backing.backing=parent0",
-		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
-		"-incoming", "unix:"+s.Path(StreamMigration))
-}
-
-// StartSecondary readies the secondary: COLO on, and its NBD server for the primary's disk.
+// StartSecondary readies the secondary: COLO on, and its NBD server for the primary's disk. It
+// can be repeated (an earlier lockstepd may have run it before it restarted): what is already
+// there counts as done.
 func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets) error {
-	return run(ctx, q, "secondary start", false, []step{
+	for _, st := range []step{
 		colo(),
 		{"nbd-server-start", map[string]any{"addr": unixAddr(s.Path(StreamNBD))}},
 		{"nbd-server-add", map[string]any{"device": "parent0", "writable": true}},
-	})
+	} {
+		if err := q.Execute(ctx, st.cmd, st.args, nil); err != nil && !strings.Contains(err.Error(), "already") {
+			return fmt.Errorf("secondary start, %s: %w", st.cmd, err)
+		}
+	}
+	return nil
 }
 
 func colo() step {

@@ -56,6 +56,35 @@ type Unprotector interface {
 	Unprotect()
 }
 
+// Starter is an Engine that must attach to its VM before the agent starts the side: the COLO
+// engine attaches to a QEMU that the member's launcher started. The agent calls Start until it
+// succeeds, reporting each error; an error that wraps ErrFenced means the member can never serve
+// (its VM is left from an earlier protection, or runs without the record): the side is fenced.
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// Detacher is an Engine that holds resources of its VM's that outlive the agent (a monitor
+// connection, relayed streams): the agent calls Detach when it ends without being fenced (the
+// member left the node, or lockstepd stops). The VM runs on; a new agent may attach again.
+type Detacher interface {
+	Detach()
+}
+
+// PeerSetter is an Engine that reaches the other member's node itself (QEMU COLO's streams): the
+// agent gives it the peer whenever the daemon finds it.
+type PeerSetter interface {
+	SetPeer(p Peer)
+}
+
+// Peer is the other member of the pair, as an engine reaches it.
+type Peer struct {
+	// Member is the peer member's name (its VMI): streams are routed to a member, not a node.
+	Member string
+	// StreamAddr is where the peer's lockstepd relays streams ("" while unknown).
+	StreamAddr string
+}
+
 // StreamReporter is an Engine whose own streams carry the VM's state; their figures replace the
 // log's in the status and the metrics while the side runs the VM.
 type StreamReporter interface {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -22,6 +23,12 @@ type Config struct {
 	// ListenAddress is where the FT log is served; AdvertiseAddress is what peers dial (the
 	// node's logging-network address), published on the Node.
 	ListenAddress, AdvertiseAddress string
+	// StreamListenAddress is where an engine's own streams are relayed; StreamAdvertiseAddress
+	// is what peers dial for them (default: the advertised host, the stream listener's port).
+	StreamListenAddress, StreamAdvertiseAddress string
+	// RunDir holds the members' directories (<run-dir>/<vmi-uid>/), which their launchers share
+	// with the node: lockstepd's QMP monitor of the member's QEMU and its stream sockets.
+	RunDir string
 	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs its
 	// peers' (the files of a cert-manager Secret). Files are read again when they change.
 	CertFile, KeyFile, CAFile string
@@ -40,11 +47,21 @@ type Config struct {
 	Engine string
 }
 
+// DefaultConfig is the configuration with every flag at its default.
+func DefaultConfig() Config {
+	var c Config
+	c.BindFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	return c
+}
+
 // BindFlags defines the flags.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", "", "Name of this node (required; the DaemonSet passes spec.nodeName).")
 	fs.StringVar(&c.ListenAddress, "listen-address", ":7410", "Address the FT log is served on.")
 	fs.StringVar(&c.AdvertiseAddress, "advertise-address", "", "ip:port peers dial for this node's FT logs, on the logging network (required).")
+	fs.StringVar(&c.StreamListenAddress, "stream-listen-address", ":7411", "Address an engine's own streams (QEMU COLO's) are relayed on.")
+	fs.StringVar(&c.StreamAdvertiseAddress, "stream-advertise-address", "", "ip:port peers dial for this node's streams (default: the --advertise-address host with the --stream-listen-address port).")
+	fs.StringVar(&c.RunDir, "run-dir", "/var/run/lockstep", "Directory of the members' directories (<run-dir>/<vmi-uid>/), shared with their launchers; keep it short: Unix socket paths end at 107 bytes.")
 	fs.StringVar(&c.CertFile, "tls-cert-file", "/etc/lockstepd/tls/tls.crt", "The node's certificate (PEM).")
 	fs.StringVar(&c.KeyFile, "tls-key-file", "/etc/lockstepd/tls/tls.key", "The node's private key (PEM).")
 	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/tls/ca.crt", "The CA that signs every lockstepd's certificate (PEM).")
@@ -86,6 +103,18 @@ func (c *Config) Validate() error {
 	}
 	if c.AdvertiseAddress == "" {
 		errs = append(errs, errors.New("--advertise-address is required (this node's ip:port on the logging network)"))
+	}
+	if c.StreamAdvertiseAddress == "" && c.AdvertiseAddress != "" {
+		host, _, err := net.SplitHostPort(c.AdvertiseAddress)
+		_, port, perr := net.SplitHostPort(c.StreamListenAddress)
+		if err != nil || perr != nil {
+			errs = append(errs, fmt.Errorf("cannot derive --stream-advertise-address from %q and %q: give it", c.AdvertiseAddress, c.StreamListenAddress))
+		} else {
+			c.StreamAdvertiseAddress = net.JoinHostPort(host, port)
+		}
+	}
+	if c.RunDir == "" {
+		errs = append(errs, errors.New("--run-dir is required"))
 	}
 	if c.Detect <= c.Heartbeat {
 		errs = append(errs, fmt.Errorf("--detect (%s) must exceed --heartbeat (%s)", c.Detect, c.Heartbeat))

@@ -33,6 +33,9 @@ func TestFlagsFromEnvironmentAndCommandLine(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if c.StreamAdvertiseAddress != "192.0.2.7:7411" {
+		t.Fatalf("the stream address is the advertised host with the stream listener's port: %q", c.StreamAdvertiseAddress)
+	}
 
 	t.Setenv("LOCKSTEPD_HEARTBEAT", "a while")
 	if err := FromEnv(fs); err == nil || !strings.Contains(err.Error(), "LOCKSTEPD_HEARTBEAT") {

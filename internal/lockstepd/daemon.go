@@ -6,7 +6,6 @@ package lockstepd
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,10 +31,8 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/arbiter"
-	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
@@ -43,32 +40,28 @@ import (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 
-// NewEngine makes the engine of a member VMI on this node.
-type NewEngine func(vmi *virtv1.VirtualMachineInstance) (engine.Engine, error)
-
 // Daemon runs an agent for every FT member on its node.
 type Daemon struct {
-	Config    Config
-	Client    client.Client
-	NewEngine NewEngine
+	Config Config
+	Client client.Client
+	// Records reads and writes the pairs' records (their Leases) past the cache: a claim must
+	// see the record as it is.
+	Records client.Client
+	Node    *Node
 
-	mux     *channel.Mux
-	tls     *tls.Config
 	changes chan event.GenericEvent
 	ready   chan struct{}
 
 	mu     sync.Mutex
 	agents map[types.NamespacedName]*member // by VMI
-	queues uint16
 }
 
-// member is a running agent and what the daemon remembers of it.
+// member is a running member and what the daemon remembers of it.
 type member struct {
-	agent  *agent.Agent
-	pair   types.NamespacedName
-	role   string // the role the agent started in
-	cancel context.CancelFunc
-	done   chan struct{}
+	*Member
+	agent *agent.Agent
+	pair  types.NamespacedName
+	role  string // the role the agent started in
 	// reporting
 	reported   agent.Status
 	reportedAt time.Time
@@ -100,8 +93,7 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return fmt.Errorf("loading the node's TLS files: %w", err)
 	}
-	d.tls = tc
-	d.mux = &channel.Mux{TLS: tc, Timeout: d.Config.Timeout}
+	d.Node.TLS, d.Node.Config = tc, d.Config
 	d.changes = make(chan event.GenericEvent, 64)
 	d.ready = make(chan struct{})
 	d.agents = map[types.NamespacedName]*member{}
@@ -132,34 +124,43 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(d)
 }
 
-// serve listens for FT log connections and publishes the advertised address on the Node.
+// serve listens for FT log connections and streams, and publishes their advertised addresses on
+// the Node.
 func (d *Daemon) serve(ctx context.Context) error {
-	ln, err := net.Listen("tcp", d.Config.ListenAddress)
+	logs, err := net.Listen("tcp", d.Config.ListenAddress)
 	if err != nil {
 		return fmt.Errorf("listening for FT logs on %s: %w", d.Config.ListenAddress, err)
 	}
-	if err := d.publishAddress(ctx); err != nil {
-		_ = ln.Close()
+	streams, err := net.Listen("tcp", d.Config.StreamListenAddress)
+	if err != nil {
+		_ = logs.Close()
+		return fmt.Errorf("listening for streams on %s: %w", d.Config.StreamListenAddress, err)
+	}
+	if err := d.publishAddresses(ctx); err != nil {
+		_ = logs.Close()
+		_ = streams.Close()
 		return err
 	}
 	close(d.ready)
-	log.FromContext(ctx).Info("serving FT logs", "listen", ln.Addr().String(), "advertise", d.Config.AdvertiseAddress)
-	err = d.mux.Serve(ctx, ln)
+	log.FromContext(ctx).Info("serving FT logs and streams", "logs", logs.Addr().String(), "streams", streams.Addr().String(),
+		"advertise", d.Config.AdvertiseAddress, "stream-advertise", d.Config.StreamAdvertiseAddress)
+	err = d.Node.Serve(ctx, logs, streams)
 	d.stopAll()
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
 	return err
 }
 
-func (d *Daemon) publishAddress(ctx context.Context) error {
+func (d *Daemon) publishAddresses(ctx context.Context) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: d.Config.NodeName}}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		ftv1.AnnotationNodeLoggingAddress: d.Config.AdvertiseAddress,
+		ftv1.AnnotationNodeStreamAddress:  d.Config.StreamAdvertiseAddress,
+	}}})
 	for {
-		err := d.Client.Patch(ctx, node, annotate(ftv1.AnnotationNodeLoggingAddress, d.Config.AdvertiseAddress))
+		err := d.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch))
 		if err == nil {
 			return nil
 		}
-		log.FromContext(ctx).Error(err, "publishing the logging address on the Node; retrying")
+		log.FromContext(ctx).Error(err, "publishing the logging addresses on the Node; retrying")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -177,8 +178,7 @@ func (d *Daemon) stopAll() {
 	}
 	d.mu.Unlock()
 	for _, m := range ms {
-		m.cancel()
-		<-m.done
+		m.Stop()
 	}
 }
 
@@ -222,7 +222,10 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary && m.role == ftv1.RoleSecondary {
 			m.agent.Promote(ctx)
 		}
-		peer, found, err := d.peerOf(ctx, vmi, vmis.Items)
+		// A member that runs the VM (a primary, or a secondary that went live) streams to the
+		// pair's secondary; a waiting secondary's engine streams to its primary.
+		runsVM := m.role == ftv1.RolePrimary || vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary || m.agent.Status().RunsVM
+		peer, found, err := d.peerOf(ctx, vmi, runsVM, vmis.Items)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -268,8 +271,7 @@ func (d *Daemon) stopGone(pair types.NamespacedName, local map[types.NamespacedN
 	}
 	d.mu.Unlock()
 	for _, m := range gone {
-		m.cancel()
-		<-m.done
+		m.Stop()
 	}
 }
 
@@ -281,58 +283,56 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	if m != nil {
 		return m, nil
 	}
-	vm, err := d.NewEngine(vmi)
-	if err != nil {
-		return nil, fmt.Errorf("making the VM engine of %s: %w", key, err)
-	}
-	role := vmi.Labels[ftv1.LabelRole]
-	identity := identityOf(d.Config.NodeName, vmi.Name)
-	d.mu.Lock()
-	d.queues++
-	queue := d.queues
-	d.mu.Unlock()
-	lg := log.FromContext(ctx).WithValues("vmi", key.String(), "identity", identity)
-	cfg := agent.Config{
-		Pair: pair.String(), Identity: identity, Primary: role == ftv1.RolePrimary,
-		Channel: d.Config.ChannelConfig(pair.String(), d.tls),
-		Detect:  d.Config.Detect, ClaimTimeout: d.Config.ClaimTimeout, Log: lg,
-		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (agent.KernelGate, error) {
-			return openKernelGate(ctx, iface, d.Config.GateHook, queue, position)
-		},
-		OnChange: func() {
-			select {
-			case d.changes <- event.GenericEvent{Object: vmi.DeepCopy()}:
-			default: // a reconcile of the pair is already due
-			}
-		},
-	}
-	if d.Config.PaceThreshold > 0 {
-		cfg.Pacer = &ftlog.Pacer{Threshold: d.Config.PaceThreshold}
-	}
-	arb := &arbiter.Arbiter{Client: d.Client, Identity: identity, Timeout: time.Second,
+	arb := &arbiter.Arbiter{Client: d.Records, Identity: identityOf(d.Config.NodeName, vmi.Name), Timeout: time.Second,
 		Lease: types.NamespacedName{Namespace: pair.Namespace, Name: LeaseName(pair.Name)}}
-	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m = &member{agent: agent.New(cfg, vm, arb, d.mux), pair: pair, role: role, cancel: cancel, done: make(chan struct{})}
+	spec := MemberOf(vmi, d.Config.NodeName)
+	if !spec.Primary {
+		// A secondary that went live while an earlier lockstepd ran holds the record before the
+		// operator relabels it: it runs the VM, and starts as the primary it is.
+		holder, err := arb.Current(ctx)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading the record of %s: %w", pair, err)
+		}
+		spec.Primary = err == nil && holder.Self
+	}
+	lg := log.FromContext(ctx).WithValues("vmi", key.String(), "identity", spec.Identity)
+	onChange := func() {
+		select {
+		case d.changes <- event.GenericEvent{Object: vmi.DeepCopy()}:
+		default: // a reconcile of the pair is already due
+		}
+	}
+	run, err := d.Node.StartMember(context.WithoutCancel(ctx), spec, arb, lg, onChange)
+	if err != nil {
+		return nil, err
+	}
+	role := ftv1.RoleSecondary
+	if spec.Primary {
+		role = ftv1.RolePrimary
+	}
+	m = &member{Member: run, agent: run.Agent, pair: pair, role: role}
 	go func() {
-		defer close(m.done)
-		err := m.agent.Run(actx)
-		if errors.Is(err, engine.ErrFenced) {
+		if errors.Is(run.Err(), engine.ErrFenced) {
 			lg.Info("the member was fenced; its VMI will be deleted", "why", m.agent.Status().Message)
-			cfg.OnChange()
+			onChange()
 		}
 	}()
 	d.mu.Lock()
 	d.agents[key] = m
 	d.mu.Unlock()
-	lg.Info("started", "role", role)
 	return m, nil
 }
 
-// peerOf finds the member a primary streams to: the pair's secondary, on another node.
-func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance, all []virtv1.VirtualMachineInstance) (agent.Peer, bool, error) {
+// peerOf finds the other member of self's pair, on another node: a primary's secondary (which
+// it streams to), a secondary's primary (which its engine's streams, if any, go to).
+func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance, runsVM bool, all []virtv1.VirtualMachineInstance) (agent.Peer, bool, error) {
+	want := ftv1.RoleSecondary
+	if !runsVM {
+		want = ftv1.RolePrimary
+	}
 	for i := range all {
 		v := &all[i]
-		if v.Name == self.Name || v.DeletionTimestamp != nil || v.Labels[ftv1.LabelRole] != ftv1.RoleSecondary ||
+		if v.Name == self.Name || v.DeletionTimestamp != nil || v.Labels[ftv1.LabelRole] != want ||
 			v.Status.NodeName == "" || v.Status.NodeName == d.Config.NodeName || v.Status.Phase != virtv1.Running {
 			continue
 		}
@@ -342,6 +342,7 @@ func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance
 			return p, true, client.IgnoreNotFound(err)
 		}
 		p.Addr = node.Annotations[ftv1.AnnotationNodeLoggingAddress]
+		p.StreamAddr = node.Annotations[ftv1.AnnotationNodeStreamAddress]
 		return p, true, nil
 	}
 	return agent.Peer{}, false, nil

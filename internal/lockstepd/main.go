@@ -22,11 +22,28 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
-// Main runs lockstepd with the given engines (by --engine name) and returns the exit code.
-// Flags of the engines must be defined on flag.CommandLine before it is called.
-func Main(engines map[string]NewEngine) int {
+// DefaultEngine is the engine --engine selects when it is not given: QEMU COLO.
+const DefaultEngine = "colo"
+
+// Main runs lockstepd with the given engines (by --engine name) and returns the exit code. The
+// default engine is DefaultEngine when the build has it, else the build's only engine. Flags of
+// the engines must be defined on flag.CommandLine before it is called.
+func Main(engines map[string]EngineFactory) int {
+	names := make([]string, 0, len(engines))
+	for n := range engines {
+		names = append(names, n)
+	}
+	sort.Strings(names)
 	var cfg Config
 	cfg.BindFlags(flag.CommandLine)
+	if f := flag.CommandLine.Lookup("engine"); f != nil {
+		def := DefaultEngine
+		if _, ok := engines[def]; !ok && len(names) == 1 {
+			def = names[0]
+		}
+		f.DefValue, f.Usage = def, fmt.Sprintf("VM engine, one of: %s.", strings.Join(names, ", "))
+		_ = f.Value.Set(def)
+	}
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -35,14 +52,6 @@ func Main(engines map[string]NewEngine) int {
 	if err := FromEnv(flag.CommandLine); err != nil {
 		setup.Error(err, "bad environment")
 		return 2
-	}
-	names := make([]string, 0, len(engines))
-	for n := range engines {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	if len(engines) == 1 && cfg.Engine == "" {
-		cfg.Engine = names[0]
 	}
 	newEngine, ok := engines[cfg.Engine]
 	if !ok {
@@ -71,7 +80,12 @@ func Main(engines map[string]NewEngine) int {
 		setup.Error(err, "creating the manager")
 		return 1
 	}
-	d := &Daemon{Config: cfg, Client: mgr.GetClient(), NewEngine: newEngine}
+	records, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		setup.Error(err, "creating the records' client")
+		return 1
+	}
+	d := &Daemon{Config: cfg, Client: mgr.GetClient(), Records: records, Node: &Node{NewEngine: newEngine}}
 	if err := d.SetupWithManager(mgr); err != nil {
 		setup.Error(err, "setting up lockstepd")
 		return 1

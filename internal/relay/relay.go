@@ -91,16 +91,18 @@ type route struct {
 
 func key(pair, stream string) string { return pair + "\x00" + stream }
 
-// Route sends the pair's stream to the Unix socket at path (where QEMU listens), replacing an
-// earlier route of the stream and cutting its connections. It returns the stream's counters.
-func (s *Server) Route(pair, stream, path string) *Counters {
+// Route sends a member's stream to the Unix socket at path (where QEMU listens), replacing an
+// earlier route of the stream and cutting its connections. member is the route's key: the pair
+// and the member that receives the stream ("namespace/name/vmi"). It returns the stream's
+// counters.
+func (s *Server) Route(member, stream, path string) *Counters {
 	r := &route{path: path, Counters: &Counters{}}
 	s.mu.Lock()
 	if s.routes == nil {
 		s.routes = map[string]*route{}
 	}
-	old := s.routes[key(pair, stream)]
-	s.routes[key(pair, stream)] = r
+	old := s.routes[key(member, stream)]
+	s.routes[key(member, stream)] = r
 	s.mu.Unlock()
 	if old != nil {
 		old.conns.cutAll()
@@ -108,11 +110,11 @@ func (s *Server) Route(pair, stream, path string) *Counters {
 	return r.Counters
 }
 
-// Unroute refuses the pair's stream from now on and cuts its connections.
-func (s *Server) Unroute(pair, stream string) {
+// Unroute refuses the member's stream from now on and cuts its connections.
+func (s *Server) Unroute(member, stream string) {
 	s.mu.Lock()
-	r := s.routes[key(pair, stream)]
-	delete(s.routes, key(pair, stream))
+	r := s.routes[key(member, stream)]
+	delete(s.routes, key(member, stream))
 	s.mu.Unlock()
 	if r != nil {
 		r.conns.cutAll()
@@ -160,11 +162,13 @@ func (b bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // Forward listens on a Unix socket for the local QEMU and carries each connection to the peer.
 type Forward struct {
-	Pair, Stream string
+	Stream string
 	// Path is the Unix socket QEMU connects to.
 	Path string
-	// Peer returns the peer lockstepd's stream address.
-	Peer func() string
+	// Peer returns the peer lockstepd's stream address, and the key of the peer's route for
+	// the stream (the pair and the member that receives it: a stream for a member that was
+	// replaced on the same node finds no route).
+	Peer func() (addr, key string)
 	TLS  *tls.Config
 	// Dial opens the TCP connection to the peer (default: net.Dialer).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
@@ -204,14 +208,15 @@ func (f *Forward) Listen(ctx context.Context) error {
 func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 	dctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	raw, err := orDefault(f.Dial)(dctx, f.Peer())
+	addr, key := f.Peer()
+	raw, err := orDefault(f.Dial)(dctx, addr)
 	if err != nil {
 		_ = local.Close()
 		return
 	}
 	c := tls.Client(raw, channel.ClientTLS(f.TLS))
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
-	if _, err := io.WriteString(c, f.Pair+"\x00"+f.Stream+"\n"); err != nil {
+	if _, err := io.WriteString(c, key+"\x00"+f.Stream+"\n"); err != nil {
 		_ = c.Close()
 		_ = local.Close()
 		return

@@ -55,8 +55,8 @@ func newNodes(t *testing.T) *nodes {
 }
 
 func (n *nodes) forward(t *testing.T, ctx context.Context, stream string, fromPeer func([]byte)) *relay.Forward {
-	f := &relay.Forward{Pair: "ns/vm", Stream: stream, Path: filepath.Join(n.dir, stream+".fwd"),
-		Peer: func() string { return n.addr }, TLS: n.tlsA, FromPeer: fromPeer}
+	f := &relay.Forward{Stream: stream, Path: filepath.Join(n.dir, stream+".fwd"),
+		Peer: func() (string, string) { return n.addr, "ns/vm" }, TLS: n.tlsA, FromPeer: fromPeer}
 	if err := f.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}

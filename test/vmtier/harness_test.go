@@ -4,6 +4,7 @@ package vmtier
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"os"
@@ -20,10 +21,11 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/lockstep-dev/lockstep/internal/agent"
-	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/relay"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd/coloengine"
+	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
@@ -65,19 +67,19 @@ type cluster struct {
 	nodes         []*node
 	lease         *leasedouble.Lease
 	ca            *pki.CA
-	dir           string
+	dir, runDir   string
 	members       []*member
 	mu            sync.Mutex
 	checkpoints   []colo.Checkpoint
 	memberCounter int
 }
 
-// node is a node namespace with its lockstepd's listeners: the FT log (mux) and the streams.
+// node is a node namespace with its lockstepd's Node (internal/lockstepd): the FT log and stream
+// listeners, the relay, the agents, the COLO engine factory that cmd/lockstepd registers.
 type node struct {
 	name, ns string
 	addr     string // on the logging network
-	mux      *channel.Mux
-	relay    *relay.Server
+	lsd      *lockstepd.Node
 	stop     context.CancelFunc
 	index    int
 }
@@ -85,20 +87,33 @@ type node struct {
 func (n *node) logAddr() string    { return n.addr + ":7000" }
 func (n *node) streamAddr() string { return n.addr + ":7001" }
 
-// member is one side of the pair: its engine, its agent, its QEMU's files.
+// member is one side of the pair: the QEMU the test launched as a launcher would, and lockstepd's
+// member (engine and agent) attached to it.
 type member struct {
-	name   string
-	node   *node
-	engine *colo.Engine
-	agent  *agent.Agent
-	vm     colo.VM
-	dir    string
-	cancel context.CancelFunc
-	done   chan error
+	name     string
+	node     *node
+	spec     lockstepd.MemberSpec
+	run      *lockstepd.Member
+	engine   *colo.Engine
+	agent    *agent.Agent
+	vm       colo.VM
+	dir      string
+	qemu     *exec.Cmd
+	exited   chan struct{}
+	launcher *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
+	cancel   context.CancelFunc
 }
 
 func newCluster(t testing.TB, nodes int) *cluster {
 	c := &cluster{t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
+	// The members' directories hold Unix sockets, whose paths end at 107 bytes: a short run
+	// directory, as lockstepd's default /var/run/lockstep is.
+	runDir, err := os.MkdirTemp("", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
+	c.runDir = runDir
 	cs := testnet.NewLink(t) // A: the client, B: the switch
 	c.client, c.sw, c.clientIf = cs.A, cs.B, cs.AIf
 	ip(t, "-n", c.client, "addr", "flush", "dev", cs.AIf)
@@ -132,7 +147,7 @@ func (c *cluster) addNode(i int) {
 	for _, dev := range []string{"br0", "tap0", "uplink", "lg"} {
 		ip(t, "-n", n.ns, "link", "set", dev, "up")
 	}
-	// lockstepd's two listeners, inside the node's namespace.
+	// lockstepd's two listeners, inside the node's namespace, and its Node.
 	var logLn, streamLn net.Listener
 	testnet.In(t, n.ns, func() {
 		var err error
@@ -143,12 +158,21 @@ func (c *cluster) addNode(i int) {
 			t.Fatal(err)
 		}
 	})
-	n.mux = &channel.Mux{TLS: c.ca.TLSConfig(t, "lockstepd")}
-	n.relay = &relay.Server{TLS: c.ca.TLSConfig(t, "lockstepd")}
+	cfg := lockstepd.DefaultConfig()
+	cfg.NodeName, cfg.RunDir = n.name, c.runDir
+	cfg.Heartbeat, cfg.Timeout, cfg.Detect, cfg.ClaimTimeout = heartbeat, timeout, detect, 2*time.Second
+	cfg.PaceThreshold = 0
+	n.lsd = &lockstepd.Node{
+		Config: cfg, TLS: c.ca.TLSConfig(t, "lockstepd"), Dial: dialFrom(n),
+		NewEngine: coloengine.Factory(coloengine.Options{
+			Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
+			AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
+			OnCheckpoint:  func(_ lockstepd.MemberSpec, cp colo.Checkpoint) { c.recordCheckpoint(cp) },
+		}),
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel
-	go func() { _ = n.mux.Serve(ctx, logLn) }()
-	go func() { _ = n.relay.Serve(ctx, streamLn) }()
+	go func() { _ = n.lsd.Serve(ctx, logLn, streamLn) }()
 	t.Cleanup(cancel)
 	c.nodes = append(c.nodes, n)
 }
@@ -171,75 +195,99 @@ func (c *cluster) attach(n *node) {
 	}
 }
 
-// start runs a member on node n: the primary on a fresh disk, or a secondary ready for peer's
-// streams (peer: the primary's node).
-func (c *cluster) start(n *node, primary bool, peer *node) *member {
+// start runs a member on node n as KubeVirt would with lockstep's hook: the test launches the
+// member's QEMU itself, in the node's namespace, with the member's directory (lockstepd's monitor
+// and the streams) and a monitor of its own; then the node's lockstepd attaches to it through
+// the production wiring (Node.StartMember, the COLO engine factory). A primary runs on a fresh
+// disk; a secondary waits for the streams of its primary, peer.
+func (c *cluster) start(n *node, primary bool, peer *member) *member {
 	t := c.t
 	c.memberCounter++
 	name := fmt.Sprintf("vm-%d-%s", c.memberCounter, n.name)
-	m := &member{name: name, node: n, dir: filepath.Join(c.dir, name), done: make(chan error, 1)}
+	spec := lockstepd.MemberSpec{Pair: pairName, VMI: name, UID: uid(t), Identity: n.name + "/" + name, Primary: primary}
+	m := &member{name: name, node: n, spec: spec, dir: n.lsd.Dir(spec), exited: make(chan struct{})}
+	c.launch(m)
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	t.Cleanup(cancel)
+	c.attachLockstepd(ctx, m)
+	if peer != nil {
+		m.agent.SetPeer(ctx, agent.Peer{VMI: peer.name, Node: peer.node.name, Addr: peer.node.logAddr(), StreamAddr: peer.node.streamAddr()})
+	}
+	c.members = append(c.members, m)
+	return m
+}
+
+// launch starts the member's QEMU as its launcher would: the member's directory, its disks, the
+// command line of internal/colo's launcher contract.
+func (c *cluster) launch(m *member) {
+	t := c.t
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m.vm = guestVM(c.qemu, c.guest, m.dir, "qemu", c.vmAddr)
+	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)
+	m.vm.Sockets = colo.Sockets{Dir: m.dir}
 	file := func(f string) string { return filepath.Join(m.dir, f) }
 	for _, img := range []string{"disk.qcow2", "parent.qcow2", "active.qcow2", "hidden.qcow2"} {
 		qemuImg(t, c.qemu, "create", "-f", "qcow2", file(img), diskSize)
+	}
+	args := colo.SecondaryArgs(m.vm, file("parent.qcow2"), file("active.qcow2"), file("hidden.qcow2"))
+	if m.spec.Primary {
+		args = colo.PrimaryArgs(m.vm, file("disk.qcow2"))
+	}
+	// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to qemu.log.
+	for _, pat := range strings.Fields(os.Getenv("VMTIER_TRACE")) {
+		args = append(args, "-trace", pat)
 	}
 	logf, err := os.Create(file("qemu.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = logf.Close() })
-	log := testLogger(t, name)
-	m.engine = colo.NewEngine(colo.EngineConfig{
-		Pair: pairName, Primary: primary, VM: m.vm,
-		Disk: file("disk.qcow2"), Parent: file("parent.qcow2"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"),
-		Sockets: colo.Sockets{Dir: m.dir}, Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
-		Command: func(args []string) *exec.Cmd {
-			// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to qemu.log.
-			for _, pat := range strings.Fields(os.Getenv("VMTIER_TRACE")) {
-				args = append(args, "-trace", pat)
-			}
-			cmd := exec.Command("ip", append([]string{"netns", "exec", n.ns, filepath.Join(c.qemu, "bin", "qemu-system-x86_64")}, args...)...)
-			cmd.Stdout, cmd.Stderr = logf, logf
-			return cmd
-		},
-		Relay: n.relay, TLS: c.ca.TLSConfig(t, "lockstepd"), Dial: dialFrom(n),
-		Attach:       func(context.Context) error { c.attach(n); return nil },
-		OnCheckpoint: c.recordCheckpoint,
-		Log:          log,
-	})
-	if peer != nil {
-		m.engine.SetPeer(peer.streamAddr())
+	m.qemu = exec.Command("ip", append([]string{"netns", "exec", m.node.ns, filepath.Join(c.qemu, "bin", "qemu-system-x86_64")}, args...)...)
+	m.qemu.Stdout, m.qemu.Stderr = logf, logf
+	if err := m.qemu.Start(); err != nil {
+		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m.cancel = cancel
-	t.Cleanup(func() { cancel(); m.engine.Stop() })
-	sctx, scancel := context.WithTimeout(ctx, time.Minute)
-	defer scancel()
-	if err := m.engine.Start(sctx); err != nil {
+	go func() { _ = m.qemu.Wait(); close(m.exited) }()
+	t.Cleanup(m.killQEMU)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := qmp.DialWhenUp(ctx, m.vm.QMP, m.exited)
+	if err != nil {
 		c.dump()
-		t.Fatalf("%s: %v", name, err)
+		t.Fatalf("%s: %v", m.name, err)
 	}
-	tlsCfg := c.ca.TLSConfig(t, "lockstepd")
-	m.agent = agent.New(agent.Config{
-		Pair: pairName, Identity: n.name + "/" + name, Primary: primary,
-		Channel: channel.Config{Pair: pairName, TLS: tlsCfg, Heartbeat: heartbeat, Timeout: timeout},
-		Dial:    dialFrom(n), Detect: detect, ClaimTimeout: 2 * time.Second, Log: log,
-	}, m.engine, c.lease.Side(name), n.mux)
-	go func() { m.done <- m.agent.Run(ctx) }()
-	c.members = append(c.members, m)
-	return m
+	m.launcher = q
+	t.Cleanup(func() { _ = q.Close() })
+}
+
+// attachLockstepd runs the member on its node's lockstepd, with the pair's record as the lease
+// double.
+func (c *cluster) attachLockstepd(ctx context.Context, m *member) {
+	run, err := m.node.lsd.StartMember(ctx, m.spec, c.lease.Side(m.spec.Identity), testLogger(c.t, m.name), nil)
+	if err != nil {
+		c.t.Fatalf("%s: %v", m.name, err)
+	}
+	m.run, m.agent, m.engine = run, run.Agent, run.Engine.(*colo.Engine)
+}
+
+// uid is a member VMI's UID: 36 characters, as Kubernetes makes them (the member's directory
+// is named by it, and its sockets' paths must stay under 108 bytes).
+func uid(t testing.TB) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // protect pairs the running primary p with a new secondary on node n and waits until p is
 // Protected: the secondary holds the whole VM and COLO runs.
 func (c *cluster) protect(p *member, n *node) *member {
 	c.t.Helper()
-	s := c.start(n, false, p.node)
-	p.engine.SetPeer(n.streamAddr())
-	p.agent.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr()})
+	s := c.start(n, false, p)
+	p.agent.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()})
 	c.waitState(p, failover.Protected, 5*time.Minute)
 	if st := s.agent.Status(); !st.Synced {
 		c.t.Fatalf("the secondary is not synchronized once the primary is protected: %+v", st)
@@ -274,14 +322,14 @@ func (c *cluster) dump() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		for _, cmd := range []string{"query-status", "query-colo-status", "query-migrate", "query-block-jobs"} {
 			var out any
-			err := m.engine.Execute(ctx, cmd, nil, &out)
+			err := m.launcher.Execute(ctx, cmd, nil, &out)
 			c.t.Logf("%s %s: %v %v", m.name, cmd, out, err)
 		}
 		cancel()
 		for range 3 {
 			var regs string
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = m.engine.Execute(ctx, "human-monitor-command", map[string]any{"command-line": "info registers"}, &regs)
+			_ = m.launcher.Execute(ctx, "human-monitor-command", map[string]any{"command-line": "info registers"}, &regs)
 			cancel()
 			if i := strings.Index(regs, "RIP="); i >= 0 {
 				c.t.Logf("%s %s", m.name, regs[i:min(len(regs), i+60)])
@@ -360,11 +408,11 @@ func (cl *client) checkDisk(m *member) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sock := filepath.Join(m.dir, "check.sock")
-	if err := m.engine.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": sock}}}, nil); err != nil {
+	if err := m.launcher.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": sock}}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = m.engine.Execute(ctx, "nbd-server-stop", nil, nil) }()
-	if err := m.engine.Execute(ctx, "nbd-server-add", map[string]any{"device": "colo-disk0", "name": "check", "writable": false}, nil); err != nil {
+	defer func() { _ = m.launcher.Execute(ctx, "nbd-server-stop", nil, nil) }()
+	if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": "colo-disk0", "name": "check", "writable": false}, nil); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
@@ -401,10 +449,63 @@ func testLogger(t testing.TB, name string) logr.Logger {
 	}, funcr.Options{Verbosity: 1})
 }
 
-// killQEMU kills member m's QEMU (kill -9), as a crash of the VM process.
+// killQEMU kills member m's QEMU (kill -9), as a crash of the VM process, and waits until it is
+// gone.
 func (m *member) killQEMU() {
-	if pid := m.engine.PID(); pid > 0 {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	if m.qemu != nil && m.qemu.Process != nil {
+		_ = m.qemu.Process.Signal(syscall.SIGKILL)
+		<-m.exited
+	}
+}
+
+// running reports whether the member's QEMU still runs.
+func (m *member) running() bool {
+	select {
+	case <-m.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stopLockstepd ends the node's lockstepd as a crash of its process would: its listeners close,
+// its agents end and let go of their QEMUs (monitors, relayed streams); the QEMUs run on.
+func (c *cluster) stopLockstepd(n *node) {
+	n.stop()
+	for _, m := range c.members {
+		if m.node == n && m.run != nil {
+			m.run.Stop()
+		}
+	}
+}
+
+// restartLockstepd starts the node's lockstepd again, on the same addresses, and attaches it to
+// the members whose QEMU still runs there, with the role each had.
+func (c *cluster) restartLockstepd(n *node) {
+	c.stopLockstepd(n)
+	old := n.lsd
+	var logLn, streamLn net.Listener
+	testnet.In(c.t, n.ns, func() {
+		var err error
+		if logLn, err = net.Listen("tcp", n.logAddr()); err != nil {
+			c.t.Fatal(err)
+		}
+		if streamLn, err = net.Listen("tcp", n.streamAddr()); err != nil {
+			c.t.Fatal(err)
+		}
+	})
+	n.lsd = &lockstepd.Node{Config: old.Config, TLS: old.TLS, Dial: old.Dial, NewEngine: old.NewEngine}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	c.t.Cleanup(cancel)
+	go func() { _ = n.lsd.Serve(ctx, logLn, streamLn) }()
+	for _, m := range c.members {
+		if m.node == n && m.running() {
+			mctx, mcancel := context.WithCancel(context.Background())
+			m.cancel = mcancel
+			c.t.Cleanup(mcancel)
+			c.attachLockstepd(mctx, m)
+		}
 	}
 }
 
@@ -416,8 +517,7 @@ func (c *cluster) crashNode(n *node) {
 	for _, m := range c.members {
 		if m.node == n {
 			m.killQEMU()
-			m.cancel()
 		}
 	}
-	n.stop()
+	c.stopLockstepd(n)
 }

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	virtv1 "kubevirt.io/api/core/v1"
-
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
@@ -24,8 +22,8 @@ func main() {
 	step := flag.Duration("vmdouble-step", time.Millisecond, "Pause between two counter values.")
 	var traceFile io.Writer
 	var once sync.Once
-	os.Exit(lockstepd.Main(map[string]lockstepd.NewEngine{
-		"vmdouble": func(vmi *virtv1.VirtualMachineInstance) (engine.Engine, error) {
+	os.Exit(lockstepd.Main(map[string]lockstepd.EngineFactory{
+		"vmdouble": func(env lockstepd.EngineEnv) (engine.Engine, error) {
 			var err error
 			once.Do(func() {
 				if *trace != "" {
@@ -35,9 +33,9 @@ func main() {
 			if err != nil {
 				return nil, err
 			}
-			c := &vmdouble.Counter{Name: vmi.Name, Step: *step, Iface: *iface}
+			c := &vmdouble.Counter{Name: env.Member.VMI, Step: *step, Iface: *iface}
 			if traceFile != nil {
-				c.Trace = prefixed{traceFile, vmi.Name}
+				c.Trace = prefixed{traceFile, env.Member.VMI}
 			}
 			if *output != "" {
 				if c.Emit, err = vmdouble.UDPEmitter(*output); err != nil {

@@ -1,0 +1,198 @@
+package colo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/qmp"
+	"github.com/lockstep-dev/lockstep/internal/relay"
+)
+
+// goLive makes the secondary the VM: cut the dead primary's streams, leave COLO, attach the
+// network and announce the VM's address from here.
+func (e *Engine) goLive(ctx context.Context, q *qmp.Conn) error {
+	e.unpair()
+	if err := SecondaryGoLive(ctx, q); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.live, e.wasSecondary = true, true
+	e.mu.Unlock()
+	if e.cfg.AttachNetwork != nil {
+		if err := e.cfg.AttachNetwork(ctx); err != nil {
+			return fmt.Errorf("attach the VM's network: %w", err)
+		}
+	}
+	return q.Execute(ctx, "announce-self", map[string]any{"initial": 50, "max": 550, "rounds": 5, "step": 50}, nil)
+}
+
+// protect resyncs the secondary's disk, then migrates the VM into COLO with it, and logs "ready"
+// once the secondary holds the whole state.
+func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) error {
+	e.teardown(ctx, q) // what an earlier protection left
+	// One protection, one secondary: its streams go to the member it started with, and a new
+	// peer (the daemon replaced the secondary) ends it, so that the next one starts afresh. A
+	// secondary cannot be migrated into twice.
+	e.mu.Lock()
+	target := e.peer
+	ctx, cancel := context.WithCancel(ctx)
+	e.protecting = cancel
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.protecting = nil
+		e.mu.Unlock()
+		cancel()
+	}()
+	peer, key := target.StreamAddr, routeKey(e.cfg.Pair, target.Member)
+	if peer == "" || target.Member == "" {
+		return errors.New("no secondary to protect the VM with")
+	}
+	// QEMU connects to the secondary's replica synchronously: make sure the peer answers first.
+	if err := retryFor(ctx, time.Minute, func() error { return relay.Probe(ctx, peer, e.cfg.TLS, e.cfg.Dial) }); err != nil {
+		return fmt.Errorf("the secondary's node %s does not answer: %w", peer, err)
+	}
+	ready := make(chan struct{})
+	var once sync.Once
+	cps := &Checkpoints{OnReady: func() { once.Do(func() { close(ready) }) }, OnCheckpoint: e.checkpoint}
+	e.pairWith(func() (string, string) { return peer, key }, cps, []string{StreamMigration, StreamNBD}, []string{StreamMirror, StreamCompare})
+	if err := PrimaryChardevs(ctx, q, e.cfg.Sockets); err != nil {
+		return err
+	}
+	// The secondary may still be starting: retry until its replica answers.
+	if err := retryFor(ctx, time.Minute, func() error { return ResyncDisk(ctx, q, e.cfg.Sockets) }); err != nil {
+		return fmt.Errorf("resync the disk: %w", err)
+	}
+	if err := retryFor(ctx, 10*time.Minute, func() error {
+		jobs, err := Jobs(ctx, q)
+		if err != nil {
+			return err
+		}
+		if len(jobs) == 0 || !jobs[0].Ready {
+			return errors.New("the disk resync is not done")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// Nothing may change between the resync's end and the first checkpoint.
+	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
+	if err := q.Execute(ctx, "block-job-cancel", map[string]any{"device": "resync"}, nil); err != nil {
+		return err
+	}
+	if err := retryFor(ctx, time.Minute, func() error {
+		if jobs, err := Jobs(ctx, q); err != nil || len(jobs) > 0 {
+			return errors.New("the resync job is still there")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// The secondary's packet streams must be connected before its copy of the VM runs.
+	if err := retryFor(ctx, 30*time.Second, func() error {
+		if ok, err := Connected(ctx, q, "mirror0", "compare1"); err != nil || !ok {
+			return errors.New("the secondary's packet streams are not connected")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	afterRewriter := e.wasSecondary
+	e.mu.Unlock()
+	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Checkpoint, e.cfg.CompareTimeout, afterRewriter); err != nil {
+		return err
+	}
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(5 * time.Minute):
+		return errors.New("the secondary did not enter COLO within 5 minutes")
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := WaitMode(wctx, q, "primary"); err != nil {
+		return err
+	}
+	data, _ := json.Marshal(entry{Kind: "ready"})
+	if _, err := rec.Append(ctx, data); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.protected = true
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *Engine) checkpoint(cp Checkpoint) {
+	e.mu.Lock()
+	if cp.Interval > 0 {
+		if e.interval == 0 {
+			e.interval = cp.Interval
+		} else {
+			e.interval += (cp.Interval - e.interval) / 8
+		}
+	}
+	e.mu.Unlock()
+	if e.cfg.OnCheckpoint != nil {
+		e.cfg.OnCheckpoint(cp)
+	}
+	select {
+	case e.cps <- cp:
+	default: // the log is behind; the next checkpoint's entry supersedes this one
+	}
+}
+
+// teardown ends the current protection, if any: cut its streams first (a secondary that is
+// silent rather than dead must not block QEMU's teardown), leave COLO, and make sure the VM runs.
+func (e *Engine) teardown(ctx context.Context, q *qmp.Conn) {
+	e.unpair()
+	e.mu.Lock()
+	e.protected = false
+	e.mu.Unlock()
+	if err := PrimaryGoAlone(ctx, q); err != nil {
+		e.cfg.Log.Error(err, "go alone")
+	}
+	steps := []step{{"block-job-cancel", map[string]any{"device": "resync", "force": true}}}
+	for _, id := range []string{"compare_out0", "compare_out", "compare0-0", "compare0", "compare1", "mirror0"} {
+		steps = append(steps, step{"chardev-remove", map[string]any{"id": id}})
+	}
+	if err := run(ctx, q, "primary teardown", true, steps); err != nil {
+		e.cfg.Log.Error(err, "teardown")
+	}
+	var st struct {
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
+	}
+	if err := q.Execute(ctx, "query-status", nil, &st); err == nil && !st.Running {
+		if err := q.Execute(ctx, "cont", nil, nil); err != nil {
+			e.cfg.Log.Error(err, "resume the VM", "status", st.Status)
+		}
+	}
+}
+
+func retryFor(ctx context.Context, limit time.Duration, fn func() error) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

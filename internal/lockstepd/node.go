@@ -1,0 +1,153 @@
+package lockstepd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-logr/logr"
+
+	"github.com/lockstep-dev/lockstep/internal/agent"
+	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/ftlog"
+	"github.com/lockstep-dev/lockstep/internal/relay"
+)
+
+// MemberSpec is one member as lockstepd runs it: what the daemon reads from its VMI (MemberOf).
+type MemberSpec struct {
+	// Pair is the FaultTolerantVM, "namespace/name": it names the pair's FT log and streams.
+	Pair string
+	// VMI and UID are the member VMI's name and UID; Identity names it in the pair's record.
+	VMI, UID, Identity string
+	// Primary: the member runs the VM; otherwise it is a secondary.
+	Primary bool
+}
+
+// EngineEnv is what an engine of a member gets from its node.
+type EngineEnv struct {
+	Member MemberSpec
+	// Dir is the member's directory, which its launcher shares with the node: <run-dir>/<uid>.
+	Dir string
+	// Relay is the node's stream server; TLS and Dial reach the peer node's.
+	Relay *relay.Server
+	TLS   *tls.Config
+	Dial  func(ctx context.Context, addr string) (net.Conn, error)
+	Log   logr.Logger
+}
+
+// EngineFactory makes the engine of a member (by --engine name in Main).
+type EngineFactory func(EngineEnv) (engine.Engine, error)
+
+// Node is what lockstepd runs on one node for all of its members, apart from the API: the FT
+// log's listener and the stream relay, the node's TLS identity, and one agent per member. The
+// daemon (daemon.go) drives it from the API; the VM tier drives the same Node without one.
+type Node struct {
+	Config    Config
+	TLS       *tls.Config
+	NewEngine EngineFactory
+	// Dial opens lockstepd's connections to its peers (nil: TCP).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// OpenKernelGate opens the kernel backend of the gate (nil: openKernelGate, netfilter).
+	OpenKernelGate func(ctx context.Context, iface string, queue uint16, position func() uint64) (agent.KernelGate, error)
+
+	mux    *channel.Mux
+	relay  *relay.Server
+	queues atomic.Uint32
+	once   sync.Once
+}
+
+func (n *Node) init() {
+	n.once.Do(func() {
+		n.mux = &channel.Mux{TLS: n.TLS, Timeout: n.Config.Timeout}
+		n.relay = &relay.Server{TLS: n.TLS}
+		if n.Dial == nil {
+			var d net.Dialer
+			n.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+		}
+		if n.OpenKernelGate == nil {
+			hook := n.Config.GateHook
+			n.OpenKernelGate = func(ctx context.Context, iface string, queue uint16, position func() uint64) (agent.KernelGate, error) {
+				return openKernelGate(ctx, iface, hook, queue, position)
+			}
+		}
+	})
+}
+
+// Serve serves the FT log on logs and the streams on streams until ctx ends.
+func (n *Node) Serve(ctx context.Context, logs, streams net.Listener) error {
+	n.init()
+	errs := make(chan error, 2)
+	go func() { errs <- n.mux.Serve(ctx, logs) }()
+	go func() { errs <- n.relay.Serve(ctx, streams) }()
+	err := errors.Join(<-errs, <-errs)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// Dir is a member's directory on this node.
+func (n *Node) Dir(m MemberSpec) string { return filepath.Join(n.Config.RunDir, m.UID) }
+
+// Member is a member that runs on this node: its engine and its agent.
+type Member struct {
+	Spec   MemberSpec
+	Agent  *agent.Agent
+	Engine engine.Engine
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// Stop stops the member's agent (it left the node, or lockstepd stops) and waits for it; the VM
+// runs on.
+func (m *Member) Stop() {
+	m.cancel()
+	<-m.done
+}
+
+// Done is closed when the agent ended; Err then says why (engine.ErrFenced: it was fenced).
+func (m *Member) Done() <-chan struct{} { return m.done }
+
+// Err is why the agent ended.
+func (m *Member) Err() error {
+	<-m.done
+	return m.err
+}
+
+// StartMember makes the member's engine and runs its agent until ctx ends or Stop. arb is the
+// pair's record as this member sees it; onChange is called (without blocking) whenever the
+// agent's state changes.
+func (n *Node) StartMember(ctx context.Context, spec MemberSpec, arb engine.Arbiter, log logr.Logger, onChange func()) (*Member, error) {
+	n.init()
+	vm, err := n.NewEngine(EngineEnv{Member: spec, Dir: n.Dir(spec), Relay: n.relay, TLS: n.TLS, Dial: n.Dial, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("making the VM engine of %s: %w", spec.VMI, err)
+	}
+	queue := uint16(n.queues.Add(1))
+	cfg := agent.Config{
+		Pair: spec.Pair, Identity: spec.Identity, Primary: spec.Primary,
+		Channel: n.Config.ChannelConfig(spec.Pair, n.TLS), Dial: n.Dial,
+		Detect: n.Config.Detect, ClaimTimeout: n.Config.ClaimTimeout, Log: log, OnChange: onChange,
+		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (agent.KernelGate, error) {
+			return n.OpenKernelGate(ctx, iface, queue, position)
+		},
+	}
+	if n.Config.PaceThreshold > 0 {
+		cfg.Pacer = &ftlog.Pacer{Threshold: n.Config.PaceThreshold}
+	}
+	actx, cancel := context.WithCancel(ctx)
+	m := &Member{Spec: spec, Engine: vm, Agent: agent.New(cfg, vm, arb, n.mux), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		m.err = m.Agent.Run(actx)
+	}()
+	log.Info("started", "primary", spec.Primary)
+	return m, nil
+}
