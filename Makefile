@@ -83,7 +83,7 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 	hack/guest.sh >/dev/null
 
 .PHONY: test-vm
-test-vm: vm-assets ## The VM tier: COLO pairs of real QEMU driven by lockstepd's agents, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition.
+test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition, lockstepd restarts.
 	go test -tags vmtier -count=1 -timeout 30m -run Test -v ./test/vmtier/...
 
 .PHONY: test-e2e

@@ -33,16 +33,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
-	"github.com/lockstep-dev/lockstep/internal/scheme"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/apitest"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
 )
@@ -60,14 +57,6 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	root := filepath.Join("..", "..")
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"),
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "bin", "test-crds", "kubevirt")},
-		ErrorIfCRDPathMissing: true,
-	}
-	if os.Getenv("KUBEBUILDER_ASSETS") != "" {
-		env.BinaryAssetsDirectory = ""
-	}
 	var err error
 	if binDir, err = os.MkdirTemp("", "lockstep-dataplane-"); err != nil {
 		panic(err)
@@ -80,13 +69,12 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	if restCfg, err = env.Start(); err != nil {
+	env, cfg, c, err := apitest.Start(root)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "start envtest (make envtest-assets test-crds):", err)
 		os.Exit(1)
 	}
-	if k8s, err = client.New(restCfg, client.Options{Scheme: scheme.New()}); err != nil {
-		panic(err)
-	}
+	restCfg, k8s = cfg, c
 	code := m.Run()
 	_ = env.Stop()
 	_ = os.RemoveAll(binDir)
@@ -159,7 +147,7 @@ func newCluster(t testing.TB, n int) *cluster {
 		}
 		var apiFwd string
 		apiFwd, nd.api = testnet.Forward(t, nd.leaf, "127.0.0.1:6443", "", strings.TrimSuffix(strings.TrimPrefix(restCfg.Host, "https://"), "/"))
-		nd.kubeconfig = writeKubeconfig(t, c.dir, nd.name, apiFwd)
+		nd.kubeconfig = apitest.WriteKubeconfig(t, restCfg, c.dir, nd.name, apiFwd)
 		if err := k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.name}}); err != nil {
 			t.Fatal(err)
 		}
@@ -205,19 +193,6 @@ func logFile(t testing.TB, dir, name string) *os.File {
 	}
 	t.Cleanup(func() { _ = f.Close() })
 	return f
-}
-
-func writeKubeconfig(t testing.TB, dir, name, server string) string {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: "https://" + server, CertificateAuthorityData: restCfg.CAData, TLSServerName: "localhost"}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: restCfg.CertData, ClientKeyData: restCfg.KeyData, Token: restCfg.BearerToken}
-	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	kc.CurrentContext = "envtest"
-	p := filepath.Join(dir, name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, p); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // start runs the node's lockstepd.

@@ -2,10 +2,12 @@
 
 // Package vmtier runs real QEMU (hack/qemu.sh) with lockstep's counter guest (hack/guest.sh)
 // inside network namespaces the test makes: one guest serving its counter (guest_test.go), and
-// COLO pairs driven by lockstepd's agents and the colo engine (colo_test.go, harness_test.go):
-// failover on kill -9 of the primary's QEMU and on loss of its node, re-protection and a second
-// failover, and a partition. The agents run in the test process, each inside its node's
-// namespace; the pair's Lease is an in-memory test double of internal/arbiter's (docs/colo.md).
+// COLO pairs (colo_test.go, restart_test.go, harness_test.go). The test launches each member's
+// QEMU as a launcher would (the member's directory, lockstepd's monitor), and lockstepd's
+// production wiring attaches to it: lockstepd.Node with the COLO engine factory of cmd/lockstepd,
+// in the test process, one per node namespace, with an in-memory test double of the pair's Lease;
+// and in daemon_test.go the lockstepd binary itself, one process per node, against a real
+// kube-apiserver (docs/colo.md).
 package vmtier
 
 import (

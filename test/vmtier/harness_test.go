@@ -68,6 +68,7 @@ type cluster struct {
 	lease         *leasedouble.Lease
 	ca            *pki.CA
 	dir, runDir   string
+	inProcess     bool // lockstepd runs in the test process (lockstepd.Node), not as processes
 	members       []*member
 	mu            sync.Mutex
 	checkpoints   []colo.Checkpoint
@@ -104,8 +105,12 @@ type member struct {
 	cancel   context.CancelFunc
 }
 
-func newCluster(t testing.TB, nodes int) *cluster {
-	c := &cluster{t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
+func newCluster(t testing.TB, nodes int) *cluster { return newClusterOf(t, nodes, true) }
+
+// newClusterOf makes the cluster; inProcess runs each node's lockstepd (its Node) in the test
+// process; without it, the test runs lockstepd processes itself.
+func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
+	c := &cluster{inProcess: inProcess, t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
 	// The members' directories hold Unix sockets, whose paths end at 107 bytes: a short run
 	// directory, as lockstepd's default /var/run/lockstep is.
 	runDir, err := os.MkdirTemp("", "ls")
@@ -147,17 +152,17 @@ func (c *cluster) addNode(i int) {
 	for _, dev := range []string{"br0", "tap0", "uplink", "lg"} {
 		ip(t, "-n", n.ns, "link", "set", dev, "up")
 	}
-	// lockstepd's two listeners, inside the node's namespace, and its Node.
-	var logLn, streamLn net.Listener
-	testnet.In(t, n.ns, func() {
-		var err error
-		if logLn, err = net.Listen("tcp", n.logAddr()); err != nil {
-			t.Fatal(err)
-		}
-		if streamLn, err = net.Listen("tcp", n.streamAddr()); err != nil {
-			t.Fatal(err)
-		}
-	})
+	c.nodes = append(c.nodes, n)
+	if c.inProcess {
+		c.startNode(n)
+	}
+}
+
+// startNode starts the node's lockstepd in the test process: its two listeners, inside the
+// node's namespace, and its Node.
+func (c *cluster) startNode(n *node) {
+	t := c.t
+	logLn, streamLn := listenIn(t, n.ns, n.logAddr()), listenIn(t, n.ns, n.streamAddr())
 	cfg := lockstepd.DefaultConfig()
 	cfg.NodeName, cfg.RunDir = n.name, c.runDir
 	cfg.Heartbeat, cfg.Timeout, cfg.Detect, cfg.ClaimTimeout = heartbeat, timeout, detect, 2*time.Second
@@ -174,7 +179,24 @@ func (c *cluster) addNode(i int) {
 	n.stop = cancel
 	go func() { _ = n.lsd.Serve(ctx, logLn, streamLn) }()
 	t.Cleanup(cancel)
-	c.nodes = append(c.nodes, n)
+}
+
+// listenIn listens on addr inside namespace ns, waiting a little for a lockstepd that just
+// stopped to let go of it.
+func listenIn(t testing.TB, ns, addr string) net.Listener {
+	var ln net.Listener
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		testnet.In(t, ns, func() { ln, err = net.Listen("tcp", addr) })
+		if err == nil {
+			return ln
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // dialFrom dials addr from inside the node's namespace (lockstepd's outgoing connections).
@@ -483,22 +505,7 @@ func (c *cluster) stopLockstepd(n *node) {
 // the members whose QEMU still runs there, with the role each had.
 func (c *cluster) restartLockstepd(n *node) {
 	c.stopLockstepd(n)
-	old := n.lsd
-	var logLn, streamLn net.Listener
-	testnet.In(c.t, n.ns, func() {
-		var err error
-		if logLn, err = net.Listen("tcp", n.logAddr()); err != nil {
-			c.t.Fatal(err)
-		}
-		if streamLn, err = net.Listen("tcp", n.streamAddr()); err != nil {
-			c.t.Fatal(err)
-		}
-	})
-	n.lsd = &lockstepd.Node{Config: old.Config, TLS: old.TLS, Dial: old.Dial, NewEngine: old.NewEngine}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.stop = cancel
-	c.t.Cleanup(cancel)
-	go func() { _ = n.lsd.Serve(ctx, logLn, streamLn) }()
+	c.startNode(n)
 	for _, m := range c.members {
 		if m.node == n && m.running() {
 			mctx, mcancel := context.WithCancel(context.Background())

@@ -1,0 +1,203 @@
+//go:build linux && vmtier
+
+package vmtier
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	virtv1 "kubevirt.io/api/core/v1"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/lockstepd"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/apitest"
+)
+
+// TestLockstepdProtectsTheMembersItFinds runs the lockstepd that users install (cmd/lockstepd,
+// built here, with no engine flag: COLO is its default), one process per node namespace, against
+// a real kube-apiserver. The test plays KubeVirt: it creates the member VMIs, running on their
+// nodes, and launches each one's QEMU as a launcher would, in the VMI's directory under
+// --run-dir. Nothing else tells lockstepd what to do. It must find the members, attach to their
+// QEMUs, protect the VM (reporting status.replication and marking the secondary synchronized),
+// and, when the primary's QEMU is killed, make the secondary go live on its own decision, move
+// the pair's record to it and delete the fenced primary's VMI.
+func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
+	c := newClusterOf(t, 2, false)
+	env, cfg, k8s, err := apitest.Start(root)
+	if err != nil {
+		t.Fatalf("start envtest (make envtest-assets test-crds): %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx := context.Background()
+	bin := filepath.Join(c.dir, "lockstepd")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/lockstepd")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building cmd/lockstepd: %v\n%s", err, out)
+	}
+	ns := "vmtier"
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	guest := resource.MustParse("256Mi")
+	if err := k8s.Create(ctx, &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: ftv1.FaultTolerantVMSpec{
+		LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+		Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{
+			CPU: &virtv1.CPU{Cores: 1}, Memory: &virtv1.Memory{Guest: &guest}}}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		if err := k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
+			t.Fatal(err)
+		}
+		c.runLockstepd(n, bin, cfg)
+	}
+
+	// The primary, on node a: its VMI runs there, and its launcher starts QEMU.
+	p := c.memberVMI(k8s, ns, "vm-1", ftv1.RolePrimary, c.nodes[0])
+	c.attach(c.nodes[0])
+	cl := &client{c: c}
+	cl.next("the guest boots on the primary", 3*time.Minute)
+	s := c.memberVMI(k8s, ns, "vm-2", ftv1.RoleSecondary, c.nodes[1])
+
+	var ftvm ftv1.FaultTolerantVM
+	waitAPI(t, c, "lockstepd reports the pair Protected, the secondary synchronized", 3*time.Minute, func() bool {
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm); err != nil {
+			return false
+		}
+		r := ftvm.Status.Replication
+		return r != nil && r.Primary != nil && r.Primary.VMI == p.name && r.Primary.State == ftv1.SideProtected &&
+			r.Secondary != nil && r.Secondary.VMI == s.name && r.Secondary.Synchronized
+	})
+	var vmi virtv1.VirtualMachineInstance
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.name}, &vmi); err != nil || vmi.Annotations[ftv1.AnnotationSyncedAt] == "" {
+		t.Fatalf("lockstepd did not mark the secondary synchronized: %v %v", vmi.Annotations, err)
+	}
+	for range 5 {
+		cl.next("the primary serves under COLO", time.Minute)
+	}
+	waitAPI(t, c, "lockstepd reports the checkpoint interval", time.Minute, func() bool {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm) == nil && ftvm.Status.VLockstepInterval != nil && ftvm.Status.VLockstepInterval.Duration > 0
+	})
+	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v", ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth)
+
+	killed := time.Now()
+	p.killQEMU()
+	waitAPI(t, c, "lockstepd reports the secondary live", time.Minute, func() bool {
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm); err != nil {
+			return false
+		}
+		r := ftvm.Status.Replication
+		return r != nil && r.Primary != nil && r.Primary.VMI == s.name && r.Primary.State == ftv1.SideAlone
+	})
+	// The VM's network follows it (the test's switch stands in for the L2 network's learning).
+	c.attach(s.node)
+	at := cl.next("the secondary serves after kill -9 of the primary QEMU", time.Minute)
+	t.Logf("kill -9 of the primary QEMU to the first reply of the live secondary, through the installed lockstepd: %s", at.Sub(killed).Round(time.Millisecond))
+	cl.serveFor("the live secondary serves", 10*time.Second)
+	cl.checkDisk(s)
+
+	var lease coordinationv1.Lease
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, &lease); err != nil {
+		t.Fatal(err)
+	}
+	if h := ptrString(lease.Spec.HolderIdentity); h != ftv1.SideIdentity(s.node.name, s.name) {
+		t.Fatalf("the pair's record names %q, want the live secondary", h)
+	}
+	waitAPI(t, c, "lockstepd deletes the fenced primary's VMI", time.Minute, func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: p.name}, &virtv1.VirtualMachineInstance{}))
+	})
+}
+
+func ptrString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// runLockstepd runs the installed lockstepd in the node's namespace, as its DaemonSet would: its
+// own certificate files, the API server through a forwarder into the namespace, the logging
+// addresses of the node, the members' run directory. No --engine: the default is COLO.
+func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config) {
+	t := c.t
+	apiFwd, _ := testnet.Forward(t, n.ns, "127.0.0.1:6443", "", strings.TrimSuffix(strings.TrimPrefix(cfg.Host, "https://"), "/"))
+	kubeconfig := apitest.WriteKubeconfig(t, cfg, c.dir, n.name, apiFwd)
+	tlsDir := filepath.Join(c.dir, n.name+"-tls")
+	c.ca.WriteFiles(t, tlsDir, "lockstepd")
+	args := []string{"netns", "exec", n.ns, bin,
+		"--node-name", n.name, "--listen-address", n.logAddr(), "--advertise-address", n.logAddr(),
+		"--stream-listen-address", n.streamAddr(), "--run-dir", c.runDir,
+		"--tls-cert-file", filepath.Join(tlsDir, "tls.crt"), "--tls-key-file", filepath.Join(tlsDir, "tls.key"), "--tls-ca-file", filepath.Join(tlsDir, "ca.crt"),
+		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(), "--claim-timeout", "2s",
+		"--status-interval", "500ms", "--metrics-bind-address", "127.0.0.1:9410", "--health-probe-bind-address", "127.0.0.1:9411",
+		"--colo-checkpoint", checkpoint.String(), "--colo-compare-timeout", compareTimeout().String(),
+	}
+	cmd := exec.Command("ip", args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	logf, err := os.Create(filepath.Join(c.dir, n.name+"-lockstepd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("--- lockstepd on %s:\n%s", n.name, tail(b))
+		}
+	})
+}
+
+// memberVMI creates a member VMI that runs on node n, as KubeVirt reports it once its launcher
+// pod runs, and launches its QEMU in the member's directory, which lockstepd names by the VMI's
+// UID (lockstepd.MemberOf, the daemon's own mapping).
+func (c *cluster) memberVMI(k8s ctrlclient.Client, ns, name, role string, n *node) *member {
+	c.t.Helper()
+	vmi := &virtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
+			ftv1.LabelPair: "vm", ftv1.LabelRole: role, ftv1.LabelNode: n.name}},
+		Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Running, NodeName: n.name},
+	}
+	if err := k8s.Create(context.Background(), vmi); err != nil {
+		c.t.Fatal(err)
+	}
+	spec := lockstepd.MemberOf(vmi, n.name)
+	m := &member{name: name, node: n, spec: spec, dir: filepath.Join(c.runDir, spec.UID), exited: make(chan struct{})}
+	c.launch(m)
+	c.members = append(c.members, m)
+	return m
+}
+
+// waitAPI polls ok until it holds, or fails the test after within.
+func waitAPI(t *testing.T, c *cluster, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			c.dump()
+			t.Fatalf("timed out after %s waiting for: %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
