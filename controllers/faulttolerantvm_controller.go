@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -120,6 +121,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseLoggingNetwork,
 		r.phaseDecide,
 		r.phaseMarkSynced,
+		r.phaseLauncherRoles,
 		r.phaseStartPair,
 		r.phaseEnsureSecondary,
 		r.phaseCollectDiskCopies,
@@ -204,6 +206,9 @@ func (r *FaultTolerantVMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&coordinationv1.Lease{}).
 		Watches(&virtv1.VirtualMachineInstance{}, r.capacityFreedHandler(), builderPredicatesMemberGone()).
 		Watches(&corev1.Node{}, r.nodeHandler(), builderPredicatesNodeChanged()).
+		// A member's launcher pod, to label it with the member's role as soon as KubeVirt makes
+		// it, and again when someone changes that label (phaseLauncherRoles).
+		Watches(&corev1.Pod{}, launcherPodHandler(), builder.WithPredicates(launcherRoleChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Config.MaxConcurrentReconciles, 1)}).
 		Named("faulttolerantvm").
 		Complete(r)

@@ -46,7 +46,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			}
 		})
 
-		It("runs a primary and a secondary on two nodes, with anti-affinity, full reservations and the logging network", func() {
+		It("runs a primary and a secondary on two nodes, with anti-affinity and full reservations, and keeps the guest off the logging network", func() {
 			ftvm := newFTVM(ns, "mail-01")
 			ftvm.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 2}
 			ftvm.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}
@@ -96,10 +96,11 @@ var _ = Describe("FaultTolerantVM", func() {
 					TopologyKey:   corev1.LabelHostname,
 				}))
 
-				// The logging network, through Multus.
-				Expect(v.Spec.Networks).To(ContainElement(virtv1.Network{Name: member.LoggingInterfaceName,
-					NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: ns + "/ft-logging"}}}))
-				Expect(v.Spec.Domain.Devices.Interfaces).To(ContainElement(HaveField("Name", member.LoggingInterfaceName)))
+				// The logging network is lockstepd's: the guest has no NIC on it.
+				for _, n := range v.Spec.Networks {
+					Expect(n.Multus == nil || n.Multus.NetworkName != ns+"/ft-logging").To(BeTrue(), "a guest NIC on the logging network: %+v", n)
+				}
+				Expect(v.Spec.Domain.Devices.Interfaces).NotTo(ContainElement(HaveField("Name", member.LoggingInterfaceName)))
 
 				// Both members present the same hardware to the guest.
 				Expect(v.Spec.Domain.Firmware.UUID).To(Equal(got.UID))
@@ -292,6 +293,30 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(promoted.Status.Phase).To(Equal(virtv1.Running))
 			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonPromoted))
 			Expect(failoverMetric(ns, "vm")).To(Equal(1.0))
+		})
+
+		It("relabels the promoted member's launcher pod, so that a Service of the primary follows the VM", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// What KubeVirt makes for the secondary: a launcher pod with the VMI's labels, as
+			// they were when it was created.
+			vmi, err := getVMI(ns, oldSecondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			labels := map[string]string{virtv1.CreatedByLabel: string(vmi.UID)}
+			for k, v := range vmi.Labels {
+				labels[k] = v
+			}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "virt-launcher-" + vmi.Name, Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", Image: "virt-launcher"}}}}
+			Expect(k8s.Create(ctx(), pod)).To(Succeed())
+			Expect(pod.Labels[ftv1.LabelRole]).To(Equal(ftv1.RoleSecondary))
+
+			setNodeReady(oldPrimary.Node, false)
+			Eventually(func() string {
+				p := &corev1.Pod{}
+				Expect(k8s.Get(ctx(), client.ObjectKeyFromObject(pod), p)).To(Succeed())
+				return p.Labels[ftv1.LabelRole]
+			}, timeout, interval).Should(Equal(ftv1.RolePrimary))
+			Expect(k8s.Delete(ctx(), pod)).To(Succeed())
 		})
 
 		It("promotes the secondary as soon as lockstepd reports it live, before the node lifecycle sees anything", func() {

@@ -22,13 +22,15 @@ import (
 // NewScheme knows every type the operator reads or writes (internal/scheme).
 func NewScheme() *runtime.Scheme { return scheme.New() }
 
-// CacheOptions keeps only lockstep's own VMIs, claims and Leases in memory: a cluster may run many VMs
+// CacheOptions keeps only lockstep's own VMIs, claims, launcher pods and Leases in memory: a cluster may run many VMs
 // that are not fault tolerant. Other claims (the user's) are read through the API reader.
 func CacheOptions() cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{ftv1.LabelManagedBy: ftv1.ManagedByValue})
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&virtv1.VirtualMachineInstance{}: {Label: managed},
 		&corev1.PersistentVolumeClaim{}:  {Label: managed},
+		// The members' launcher pods (KubeVirt copies the members' labels to them).
+		&corev1.Pod{}: {Label: managed},
 		// The pairs' records, not the nodes' heartbeats.
 		&coordinationv1.Lease{}: {Label: managed},
 	}}

@@ -98,3 +98,26 @@ func readyStatus(n *corev1.Node) corev1.ConditionStatus {
 	}
 	return corev1.ConditionUnknown
 }
+
+// launcherPodHandler maps a launcher pod to its pair (the pod carries the member's labels).
+func launcherPodHandler() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		pair := o.GetLabels()[ftv1.LabelPair]
+		if pair == "" || o.GetLabels()[virtv1.CreatedByLabel] == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: pair}}}
+	})
+}
+
+// launcherRoleChanged passes a launcher pod's creation and a change of its role label; its
+// status updates are many and say nothing the reconciler needs.
+func launcherRoleChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetLabels()[ftv1.LabelRole] != e.ObjectNew.GetLabels()[ftv1.LabelRole]
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}

@@ -23,6 +23,9 @@ type Config struct {
 	// ListenAddress is where the FT log is served; AdvertiseAddress is what peers dial (the
 	// node's logging-network address), published on the Node.
 	ListenAddress, AdvertiseAddress string
+	// LoggingInterface is the node's (or lockstepd pod's) interface on the logging network, for
+	// example the Multus attachment of its pod: lockstepd listens and advertises there only.
+	LoggingInterface string
 	// StreamListenAddress is where an engine's own streams are relayed; StreamAdvertiseAddress
 	// is what peers dial for them (default: the advertised host, the stream listener's port).
 	StreamListenAddress, StreamAdvertiseAddress string
@@ -58,7 +61,8 @@ func DefaultConfig() Config {
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", "", "Name of this node (required; the DaemonSet passes spec.nodeName).")
 	fs.StringVar(&c.ListenAddress, "listen-address", ":7410", "Address the FT log is served on.")
-	fs.StringVar(&c.AdvertiseAddress, "advertise-address", "", "ip:port peers dial for this node's FT logs, on the logging network (required).")
+	fs.StringVar(&c.AdvertiseAddress, "advertise-address", "", "ip:port peers dial for this node's FT logs, on the logging network (required without --logging-interface).")
+	fs.StringVar(&c.LoggingInterface, "logging-interface", "", "Interface on the logging network (e.g. the pod's Multus attachment): listeners without a host bind to its address, which is advertised unless --advertise-address says otherwise.")
 	fs.StringVar(&c.StreamListenAddress, "stream-listen-address", ":7411", "Address an engine's own streams (QEMU COLO's) are relayed on.")
 	fs.StringVar(&c.StreamAdvertiseAddress, "stream-advertise-address", "", "ip:port peers dial for this node's streams (default: the --advertise-address host with the --stream-listen-address port).")
 	fs.StringVar(&c.RunDir, "run-dir", "/var/run/lockstep", "Directory of the members' directories (<run-dir>/<vmi-uid>/), shared with their launchers; keep it short: Unix socket paths end at 107 bytes.")
@@ -101,8 +105,11 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("--node-name is required"))
 	}
+	if err := c.resolveLoggingInterface(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.AdvertiseAddress == "" {
-		errs = append(errs, errors.New("--advertise-address is required (this node's ip:port on the logging network)"))
+		errs = append(errs, errors.New("--advertise-address or --logging-interface is required (this node's address on the logging network)"))
 	}
 	if c.StreamAdvertiseAddress == "" && c.AdvertiseAddress != "" {
 		host, _, err := net.SplitHostPort(c.AdvertiseAddress)
@@ -123,6 +130,69 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--gate-hook %q: want forward or output", c.GateHook))
 	}
 	return errors.Join(errs...)
+}
+
+// resolveLoggingInterface binds lockstepd to the logging network: with --logging-interface, the
+// FT log and stream listeners that name no host listen on that interface's address only, and
+// the advertised addresses not given are that address. Nothing of the pairs' traffic then uses
+// the node's other networks.
+func (c *Config) resolveLoggingInterface() error {
+	if c.LoggingInterface == "" {
+		return nil
+	}
+	ip, err := interfaceAddress(c.LoggingInterface)
+	if err != nil {
+		return fmt.Errorf("--logging-interface %s: %w", c.LoggingInterface, err)
+	}
+	var errs []error
+	bind := func(flagName string, addr *string) {
+		host, port, err := net.SplitHostPort(*addr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", flagName, *addr, err))
+			return
+		}
+		if host == "" {
+			*addr = net.JoinHostPort(ip.String(), port)
+		}
+	}
+	bind("listen-address", &c.ListenAddress)
+	bind("stream-listen-address", &c.StreamListenAddress)
+	if c.AdvertiseAddress == "" {
+		c.AdvertiseAddress = c.ListenAddress
+	}
+	if c.StreamAdvertiseAddress == "" {
+		c.StreamAdvertiseAddress = c.StreamListenAddress
+	}
+	return errors.Join(errs...)
+}
+
+// interfaceAddress is the first IPv4 address of the interface (else its first IPv6 one).
+func interfaceAddress(name string) (net.IP, error) {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return nil, err
+	}
+	var v6 net.IP
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if v4 := ipn.IP.To4(); v4 != nil {
+			return v4, nil
+		}
+		if v6 == nil && !ipn.IP.IsLinkLocalUnicast() {
+			v6 = ipn.IP
+		}
+	}
+	if v6 == nil {
+		return nil, errors.New("the interface has no address")
+	}
+	return v6, nil
 }
 
 // ChannelConfig is the channel configuration of a pair.

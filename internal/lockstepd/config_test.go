@@ -86,3 +86,22 @@ func TestCertificatesAreReadAgainWhenRenewed(t *testing.T) {
 		t.Fatal("renewed files were not read again")
 	}
 }
+
+// TestLoggingInterfaceBindsEverything: with --logging-interface, the listeners that name no host
+// bind to that interface's address only, and it is what peers are told to dial.
+func TestLoggingInterfaceBindsEverything(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeName, c.LoggingInterface = "node-1", "lo"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.ListenAddress != "127.0.0.1:7410" || c.AdvertiseAddress != "127.0.0.1:7410" ||
+		c.StreamListenAddress != "127.0.0.1:7411" || c.StreamAdvertiseAddress != "127.0.0.1:7411" {
+		t.Fatalf("not bound to the logging interface: %+v", c)
+	}
+	c = DefaultConfig()
+	c.NodeName, c.LoggingInterface = "node-1", "no-such-if0"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--logging-interface no-such-if0") {
+		t.Fatalf("a missing interface must be named: %v", err)
+	}
+}

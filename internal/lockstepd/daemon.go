@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -127,14 +126,9 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 // serve listens for FT log connections and streams, and publishes their advertised addresses on
 // the Node.
 func (d *Daemon) serve(ctx context.Context) error {
-	logs, err := net.Listen("tcp", d.Config.ListenAddress)
+	logs, streams, err := d.Node.Listen(ctx)
 	if err != nil {
-		return fmt.Errorf("listening for FT logs on %s: %w", d.Config.ListenAddress, err)
-	}
-	streams, err := net.Listen("tcp", d.Config.StreamListenAddress)
-	if err != nil {
-		_ = logs.Close()
-		return fmt.Errorf("listening for streams on %s: %w", d.Config.StreamListenAddress, err)
+		return err
 	}
 	if err := d.publishAddresses(ctx); err != nil {
 		_ = logs.Close()

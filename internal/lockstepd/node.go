@@ -51,7 +51,8 @@ type Node struct {
 	Config    Config
 	TLS       *tls.Config
 	NewEngine EngineFactory
-	// Dial opens lockstepd's connections to its peers (nil: TCP).
+	// Dial opens lockstepd's connections to its peers (nil: TCP, on the logging interface only
+	// when Config.LoggingInterface is set).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// OpenKernelGate opens the kernel backend of the gate (nil: openKernelGate, netfilter).
 	OpenKernelGate func(ctx context.Context, iface string, queue uint16, position func() uint64) (agent.KernelGate, error)
@@ -67,7 +68,7 @@ func (n *Node) init() {
 		n.mux = &channel.Mux{TLS: n.TLS, Timeout: n.Config.Timeout}
 		n.relay = &relay.Server{TLS: n.TLS}
 		if n.Dial == nil {
-			var d net.Dialer
+			d := net.Dialer{Control: bindToDevice(n.Config.LoggingInterface)}
 			n.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 		}
 		if n.OpenKernelGate == nil {
@@ -77,6 +78,20 @@ func (n *Node) init() {
 			}
 		}
 	})
+}
+
+// Listen opens the FT log's and the streams' listeners, on the logging interface only when
+// --logging-interface is set.
+func (n *Node) Listen(ctx context.Context) (logs, streams net.Listener, err error) {
+	lc := net.ListenConfig{Control: bindToDevice(n.Config.LoggingInterface)}
+	if logs, err = lc.Listen(ctx, "tcp", n.Config.ListenAddress); err != nil {
+		return nil, nil, fmt.Errorf("listening for FT logs on %s: %w", n.Config.ListenAddress, err)
+	}
+	if streams, err = lc.Listen(ctx, "tcp", n.Config.StreamListenAddress); err != nil {
+		_ = logs.Close()
+		return nil, nil, fmt.Errorf("listening for streams on %s: %w", n.Config.StreamListenAddress, err)
+	}
+	return logs, streams, nil
 }
 
 // Serve serves the FT log on logs and the streams on streams until ctx ends.

@@ -1,7 +1,7 @@
 // Package member builds the VirtualMachineInstance of one member of a fault tolerant pair from a
 // FaultTolerantVM. It is pure: the controller decides the name, role, node and disk claims, and
-// this package turns them and the template into a VMI with full reservations, the logging
-// network, anti-affinity and the node pin.
+// this package turns them and the template into a VMI with full reservations, anti-affinity and
+// the node pin. The logging network is lockstepd's, not the guest's: no member has a NIC on it.
 package member
 
 import (
@@ -21,7 +21,8 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 )
 
-// LoggingInterfaceName is the interface and network that carry FT logging traffic.
+// LoggingInterfaceName is reserved: no member has a NIC of that name. The logging network is
+// lockstepd's, not the guest's (the COLO stream carries the VM's whole memory).
 const LoggingInterfaceName = "ft-logging"
 
 // HostnameTopologyKey keeps the two members on different nodes.
@@ -126,7 +127,6 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	}
 	external := virtv1.EvictionStrategyExternal
 	spec.EvictionStrategy = &external
-	attachLoggingNetwork(&spec, ftvm)
 	spec.Affinity = pinAndSeparate(spec.Affinity, ftvm, m.Node)
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
@@ -219,18 +219,6 @@ func VCPUs(spec *virtv1.VirtualMachineInstanceSpec) int {
 		return int(max((q.MilliValue()+999)/1000, 1))
 	}
 	return 1
-}
-
-// attachLoggingNetwork adds the Multus logging network as a bridge interface.
-func attachLoggingNetwork(spec *virtv1.VirtualMachineInstanceSpec, ftvm *ftv1.FaultTolerantVM) {
-	spec.Domain.Devices.Interfaces = append(spec.Domain.Devices.Interfaces, virtv1.Interface{
-		Name:                   LoggingInterfaceName,
-		InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}},
-	})
-	spec.Networks = append(spec.Networks, virtv1.Network{
-		Name:          LoggingInterfaceName,
-		NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: LoggingNetworkRef(ftvm)}},
-	})
 }
 
 // LoggingNetworkRef is the "namespace/name" of the logging NetworkAttachmentDefinition.

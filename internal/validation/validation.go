@@ -5,6 +5,7 @@ package validation
 
 import (
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -28,7 +29,7 @@ func Validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	errs = append(errs, validateResources(vmi, spec.Child("domain"))...)
 	errs = append(errs, validateDevices(vmi, spec.Child("domain", "devices"))...)
 	errs = append(errs, validateVolumes(vmi, spec.Child("volumes"))...)
-	errs = append(errs, validateNetworks(vmi, spec)...)
+	errs = append(errs, validateNetworks(vmi, spec, ftvm)...)
 	return errs
 }
 
@@ -84,7 +85,7 @@ func validateVolumes(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) f
 	return errs
 }
 
-func validateNetworks(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+func validateNetworks(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path, ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	var errs field.ErrorList
 	for i, iface := range vmi.Domain.Devices.Interfaces {
 		p := path.Child("domain", "devices", "interfaces").Index(i)
@@ -95,10 +96,24 @@ func validateNetworks(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) 
 			errs = append(errs, field.Forbidden(p.Child("sriov"), "SR-IOV interfaces are passthrough devices and cannot be fault tolerant; use bridge or masquerade"))
 		}
 	}
+	logging := member.LoggingNetworkRef(ftvm)
 	for i, n := range vmi.Networks {
+		p := path.Child("networks").Index(i)
 		if n.Name == member.LoggingInterfaceName {
-			errs = append(errs, field.Invalid(path.Child("networks").Index(i).Child("name"), n.Name, fmt.Sprintf("%q is reserved for the FT logging network", member.LoggingInterfaceName)))
+			errs = append(errs, field.Invalid(p.Child("name"), n.Name, fmt.Sprintf("%q is reserved for the FT logging network", member.LoggingInterfaceName)))
+		}
+		if n.Multus != nil && qualified(n.Multus.NetworkName, ftvm.Namespace) == logging {
+			errs = append(errs, field.Forbidden(p.Child("multus", "networkName"),
+				"the logging network carries lockstepd's replication streams (the VM's whole memory) and is not attached to the guest; give the VM another network"))
 		}
 	}
 	return errs
+}
+
+// qualified is a NetworkAttachmentDefinition's "namespace/name", a bare name being in ns.
+func qualified(name, ns string) string {
+	if strings.Contains(name, "/") {
+		return name
+	}
+	return ns + "/" + name
 }

@@ -60,6 +60,9 @@ func TestValidate(t *testing.T) {
 		{"reserved network name", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Networks = []virtv1.Network{{Name: "ft-logging"}}
 		}, "spec.template.spec.networks[0].name"},
+		{"guest NIC on the logging network", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Networks = []virtv1.Network{{Name: "net1", NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: f.Spec.LoggingNetwork.Name}}}}
+		}, "not attached to the guest"},
 		{"cpu hotplug", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Sockets: 1, MaxSockets: 4}
 		}, "CPU hotplug"},

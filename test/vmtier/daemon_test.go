@@ -32,11 +32,13 @@ import (
 // a real kube-apiserver. The test plays KubeVirt: it creates the member VMIs, running on their
 // nodes, and launches each one's QEMU as a launcher would, in the VMI's directory under
 // --run-dir. Nothing else tells lockstepd what to do. It must find the members, attach to their
-// QEMUs, protect the VM (reporting status.replication and marking the secondary synchronized),
-// and, when the primary's QEMU is killed, make the secondary go live on its own decision, move
-// the pair's record to it and delete the fenced primary's VMI.
+// QEMUs, protect the VM (reporting status.replication and marking the secondary synchronized)
+// over the logging interface alone; when that interface is cut on the secondary's node, decide
+// the pair over the record (one side goes on, the other is fenced and its VMI deleted); protect
+// again with a new secondary; and, when the primary's QEMU is killed, make the secondary go live
+// on its own decision and move the pair's record to it.
 func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
-	c := newClusterOf(t, 2, false)
+	c := newClusterOf(t, 3, false)
 	env, cfg, k8s, err := apitest.Start(root)
 	if err != nil {
 		t.Fatalf("start envtest (make envtest-assets test-crds): %v", err)
@@ -76,6 +78,12 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	s := c.memberVMI(k8s, ns, "vm-2", ftv1.RoleSecondary, c.nodes[1])
 
 	var ftvm ftv1.FaultTolerantVM
+	report := func() *ftv1.ReplicationStatus {
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm); err != nil {
+			return nil
+		}
+		return ftvm.Status.Replication
+	}
 	waitAPI(t, c, "lockstepd reports the pair Protected, the secondary synchronized", 3*time.Minute, func() bool {
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm); err != nil {
 			return false
@@ -91,36 +99,102 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	for range 5 {
 		cl.next("the primary serves under COLO", time.Minute)
 	}
+	// The streams and the FT log use the logging interface and no other: under load, lg carries
+	// the checkpoints while host0, the node's own network (and its default route), carries
+	// nothing; cutting host0 on both nodes changes nothing for the pair.
+	lgBefore, hostBefore := p.node.txBytes(t, "lg"), p.node.txBytes(t, "host0")+s.node.txBytes(t, "host0")
+	cl.serveFor("the primary serves under COLO", 3*time.Second)
+	lg, host := p.node.txBytes(t, "lg")-lgBefore, p.node.txBytes(t, "host0")+s.node.txBytes(t, "host0")-hostBefore
+	t.Logf("under load for 3s, the primary's node sent %d bytes on the logging interface and the two nodes %d on their own network", lg, host)
+	if lg < 100_000 || host > 0 {
+		t.Fatalf("the pair's traffic is not on the logging interface alone: lg %d bytes, host0 %d bytes", lg, host)
+	}
+	for _, n := range c.nodes[:2] {
+		ip(t, "-n", n.ns, "link", "set", "host0", "down")
+	}
+	cl.serveFor("the primary serves with the nodes' own network cut", 3*time.Second)
+	if r := report(); r == nil || r.Primary == nil || r.Primary.VMI != p.name || r.Primary.State != ftv1.SideProtected {
+		t.Fatalf("cutting the nodes' own network disturbed the pair: %+v", r)
+	}
+	for _, n := range c.nodes[:2] {
+		ip(t, "-n", n.ns, "link", "set", "host0", "up")
+	}
 	waitAPI(t, c, "lockstepd reports the checkpoint interval", time.Minute, func() bool {
 		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm) == nil && ftvm.Status.VLockstepInterval != nil && ftvm.Status.VLockstepInterval.Duration > 0
 	})
 	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v", ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth)
 
-	killed := time.Now()
-	p.killQEMU()
-	waitAPI(t, c, "lockstepd reports the secondary live", time.Minute, func() bool {
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm); err != nil {
+	// Cut the logging interface of the secondary's node, the node's own network up: the pair
+	// notices (its traffic does not move to host0), one side goes on and the other is fenced.
+	ip(t, "-n", s.node.ns, "link", "set", "lg", "down")
+	var winner, loser *member
+	waitAPI(t, c, "one side goes on after the logging interface was cut", time.Minute, func() bool {
+		r := report()
+		switch {
+		case r == nil || r.Primary == nil || r.Primary.State != ftv1.SideAlone:
+			return false
+		case r.Primary.VMI == p.name:
+			winner, loser = p, s
+		case r.Primary.VMI == s.name:
+			winner, loser = s, p
+		default:
 			return false
 		}
-		r := ftvm.Status.Replication
-		return r != nil && r.Primary != nil && r.Primary.VMI == s.name && r.Primary.State == ftv1.SideAlone
+		return true
 	})
-	// The VM's network follows it (the test's switch stands in for the L2 network's learning).
-	c.attach(s.node)
+	c.attach(winner.node) // the test's switch stands in for the L2 network's learning
+	waitAPI(t, c, "the fenced side's QEMU stops and lockstepd deletes its VMI", time.Minute, func() bool {
+		return !loser.running() && apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: loser.name}, &virtv1.VirtualMachineInstance{}))
+	})
+	cl.next("the side that went on serves", time.Minute)
+	t.Logf("with the secondary's logging interface cut, %s went on and %s was fenced", winner.name, loser.name)
+	ip(t, "-n", s.node.ns, "link", "set", "lg", "up")
+	if winner == s {
+		// What the operator does when it follows the record: the member that went live is
+		// labelled primary (a new secondary's lockstepd streams to the pair's primary).
+		var v virtv1.VirtualMachineInstance
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.name}, &v); err != nil {
+			t.Fatal(err)
+		}
+		base := v.DeepCopy()
+		v.Labels[ftv1.LabelRole] = ftv1.RolePrimary
+		if err := k8s.Patch(ctx, &v, ctrlclient.MergeFrom(base)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Protected again by a new secondary, then kill -9 of the primary's QEMU: the secondary goes
+	// live on lockstepd's own decision, the record moves to it.
+	s2 := c.memberVMI(k8s, ns, "vm-3", ftv1.RoleSecondary, c.nodes[2])
+	waitAPI(t, c, "protected again by the new secondary", 3*time.Minute, func() bool {
+		r := report()
+		return r != nil && r.Primary != nil && r.Primary.VMI == winner.name && r.Primary.State == ftv1.SideProtected &&
+			r.Secondary != nil && r.Secondary.VMI == s2.name && r.Secondary.Synchronized
+	})
+	for range 3 {
+		cl.next("the VM serves under COLO again", time.Minute)
+	}
+	killed := time.Now()
+	winner.killQEMU()
+	waitAPI(t, c, "lockstepd reports the secondary live", time.Minute, func() bool {
+		r := report()
+		return r != nil && r.Primary != nil && r.Primary.VMI == s2.name && r.Primary.State == ftv1.SideAlone
+	})
+	c.attach(s2.node)
 	at := cl.next("the secondary serves after kill -9 of the primary QEMU", time.Minute)
-	t.Logf("kill -9 of the primary QEMU to the first reply of the live secondary, through the installed lockstepd: %s", at.Sub(killed).Round(time.Millisecond))
+	t.Logf("kill -9 of the primary QEMU to the first reply of the live secondary, through the installed lockstepd and the test's switch: %s", at.Sub(killed).Round(time.Millisecond))
 	cl.serveFor("the live secondary serves", 10*time.Second)
-	cl.checkDisk(s)
+	cl.checkDisk(s2)
 
 	var lease coordinationv1.Lease
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, &lease); err != nil {
 		t.Fatal(err)
 	}
-	if h := ptrString(lease.Spec.HolderIdentity); h != ftv1.SideIdentity(s.node.name, s.name) {
+	if h := ptrString(lease.Spec.HolderIdentity); h != ftv1.SideIdentity(s2.node.name, s2.name) {
 		t.Fatalf("the pair's record names %q, want the live secondary", h)
 	}
 	waitAPI(t, c, "lockstepd deletes the fenced primary's VMI", time.Minute, func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: p.name}, &virtv1.VirtualMachineInstance{}))
+		return apierrors.IsNotFound(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: winner.name}, &virtv1.VirtualMachineInstance{}))
 	})
 }
 
@@ -141,8 +215,9 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config) {
 	tlsDir := filepath.Join(c.dir, n.name+"-tls")
 	c.ca.WriteFiles(t, tlsDir, "lockstepd")
 	args := []string{"netns", "exec", n.ns, bin,
-		"--node-name", n.name, "--listen-address", n.logAddr(), "--advertise-address", n.logAddr(),
-		"--stream-listen-address", n.streamAddr(), "--run-dir", c.runDir,
+		// Only the logging interface: lockstepd binds its listeners there and advertises its address.
+		"--node-name", n.name, "--logging-interface", "lg", "--listen-address", ":7000", "--stream-listen-address", ":7001",
+		"--run-dir", c.runDir,
 		"--tls-cert-file", filepath.Join(tlsDir, "tls.crt"), "--tls-key-file", filepath.Join(tlsDir, "tls.key"), "--tls-ca-file", filepath.Join(tlsDir, "ca.crt"),
 		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(), "--claim-timeout", "2s",
 		"--status-interval", "500ms", "--metrics-bind-address", "127.0.0.1:9410", "--health-probe-bind-address", "127.0.0.1:9411",

@@ -5,6 +5,7 @@ package vmtier
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -124,7 +125,7 @@ func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
 	ip(t, "-n", c.client, "addr", "flush", "dev", cs.AIf)
 	ip(t, "-n", c.client, "addr", "add", "10.214.1.1/24", "dev", cs.AIf)
 	c.vmAddr = "10.214.1.10"
-	for _, br := range []string{"brw", "brl"} {
+	for _, br := range []string{"brw", "brl", "brn"} {
 		ip(t, "-n", c.sw, "link", "add", br, "type", "bridge")
 		ip(t, "-n", c.sw, "link", "set", br, "up")
 	}
@@ -149,8 +150,26 @@ func (c *cluster) addNode(i int) {
 	ip(t, "-n", c.sw, "link", "set", "u"+n.name, "master", "brw")
 	ip(t, "-n", c.sw, "link", "set", "l"+n.name, "master", "brl")
 	ip(t, "-n", c.sw, "link", "set", "l"+n.name, "up")
-	for _, dev := range []string{"br0", "tap0", "uplink", "lg"} {
+	// host0 is the node's own network (its default route, the cluster's pod network): lockstepd
+	// must carry nothing of the pairs over it. IPv6 is off on both so that the counters show
+	// only what is sent.
+	ip(t, "-n", n.ns, "link", "add", "host0", "type", "veth", "peer", "name", "h"+n.name, "netns", c.sw)
+	ip(t, "-n", n.ns, "addr", "add", fmt.Sprintf("10.214.3.%d/24", i+1), "dev", "host0")
+	ip(t, "-n", c.sw, "link", "set", "h"+n.name, "master", "brn")
+	ip(t, "-n", c.sw, "link", "set", "h"+n.name, "up")
+	for _, dev := range []string{"lg", "host0"} {
+		if out, err := exec.Command("ip", "netns", "exec", n.ns, "sysctl", "-qw", "net.ipv6.conf."+dev+".disable_ipv6=1").CombinedOutput(); err != nil {
+			t.Fatalf("sysctl: %v %s", err, out)
+		}
+	}
+	for _, dev := range []string{"br0", "tap0", "uplink", "lg", "host0"} {
 		ip(t, "-n", n.ns, "link", "set", dev, "up")
+	}
+	if !c.inProcess {
+		// The node's own network is its default route. In-process lockstepd dials from the
+		// test's namespaces without the logging interface's binding, which the lockstepd
+		// processes have (--logging-interface).
+		ip(t, "-n", n.ns, "route", "add", "default", "dev", "host0")
 	}
 	c.nodes = append(c.nodes, n)
 	if c.inProcess {
@@ -197,6 +216,25 @@ func listenIn(t testing.TB, ns, addr string) net.Listener {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// txBytes is what the node sent on its interface dev so far.
+func (n *node) txBytes(t testing.TB, dev string) uint64 {
+	out, err := exec.Command("ip", "-n", n.ns, "-j", "-s", "link", "show", "dev", dev).Output()
+	if err != nil {
+		t.Fatalf("ip -s link %s: %v", dev, err)
+	}
+	var links []struct {
+		Stats struct {
+			TX struct {
+				Bytes uint64 `json:"bytes"`
+			} `json:"tx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+		t.Fatalf("ip -s link %s: %v %s", dev, err, out)
+	}
+	return links[0].Stats.TX.Bytes
 }
 
 // dialFrom dials addr from inside the node's namespace (lockstepd's outgoing connections).
