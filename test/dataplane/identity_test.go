@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -34,7 +35,8 @@ import (
 // to the real API server and acts as the lockstepd of one node, with a ServiceAccount token bound
 // to its pod (as the kubelet mounts it): the API server lets it change its own Node, the members
 // on its node and records that name them, and denies the same writes for another node's, with a
-// message that says why. A token not bound to a pod is refused.
+// message that says why; and it writes only its own side's report in a FaultTolerantVM's status. A
+// token not bound to a pod is refused.
 func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 	ctx := context.Background()
 	for _, ns := range []string{"lockstep-system", "identity"} {
@@ -131,6 +133,30 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		t.Errorf("a record naming a member of its node: %v", err)
 	}
 	denied("a record naming another node's member", "only a member of its own node", lsd.Create(ctx, lease(other+"/vm-on-b")))
+
+	// A FaultTolerantVM's status: a lockstepd writes the report of a side on its node only.
+	guest := resource.MustParse("64Mi")
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "identity", Name: "vm"}, Spec: ftv1.FaultTolerantVMSpec{
+		LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+		Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{
+			CPU: &virtv1.CPU{Cores: 1}, Memory: &virtv1.Memory{Guest: &guest}}}},
+	}}
+	if err := k8s.Create(ctx, ftvm); err != nil {
+		t.Fatal(err)
+	}
+	report := func(side, node string) client.Patch {
+		return client.RawPatch(types.MergePatchType, []byte(`{"status":{"replication":{"`+side+`":{"vmi":"vm-on-`+node+`","node":"`+node+`","state":"Protected","reportTime":"2026-11-23T00:00:00Z"}}}}`))
+	}
+	if err := lsd.Status().Patch(ctx, ftvm, report("primary", own)); err != nil {
+		t.Errorf("the report of the side on its node: %v", err)
+	}
+	denied("the report of a side on another node", "only the report of a side on its node", lsd.Status().Patch(ctx, ftvm, report("secondary", other)))
+	if err := k8s.Status().Patch(ctx, ftvm, report("secondary", other)); err != nil {
+		t.Fatal(err) // as the other node's lockstepd would
+	}
+	if err := lsd.Status().Patch(ctx, ftvm, report("primary", own)); err != nil {
+		t.Errorf("its own report again, beside the other node's: %v", err)
+	}
 
 	unbound := as(token(false))
 	denied("a token not bound to its pod", "bound to its pod", unbound.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, annotate(ftv1.AnnotationNodeLoggingAddress, "10.9.9.1:7410")))

@@ -93,36 +93,10 @@ func TestColoReprotectionSurvivesASecondFailure(t *testing.T) {
 // the Lease; one wins and serves, the other is fenced (its QEMU killed). The client, asking all
 // along, never sees a count twice or out of order: at most one side ever served.
 func TestColoPartitionLetsOneSideServe(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 2)
+	_, cl, p, s := protectedPair(t, 2)
 	ip(t, "-n", p.node.ns, "link", "set", "lg", "down")
-	deadline := time.Now().Add(time.Minute)
-	var winner, loser *member
-	for winner == nil {
-		if time.Now().After(deadline) {
-			c.dump()
-			t.Fatalf("no decision a minute after the partition: primary %+v, secondary %+v", p.agent.Status(), s.agent.Status())
-		}
-		// Ask all along: a reply from either side must be the next count.
-		if count, id, disk, err := ask(c.client, c.vmAddr+":7777"); err == nil {
-			if count != cl.last+1 || id != cl.boot || disk != count {
-				c.dump()
-				t.Fatalf("during the partition: count %d after %d, boot id %s (first %s), disk %d", count, cl.last, id, cl.boot, disk)
-			}
-			cl.last = count
-		}
-		switch {
-		case p.agent.State() == failover.Alone && s.agent.State() == failover.Fenced:
-			winner, loser = p, s
-		case s.agent.State() == failover.Alone && p.agent.State() == failover.Fenced:
-			winner, loser = s, p
-		}
-	}
+	winner, loser := cl.untilOneSideRuns(p, s, "the partition")
 	t.Logf("the partition was decided for %s; %s is fenced: %s", winner.name, loser.name, loser.agent.Status().Message)
-	select {
-	case <-loser.exited:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the fenced side's QEMU still runs 10s after it was fenced")
-	}
 	cl.serveFor("the winner serves after the partition", 15*time.Second)
 	cl.checkDisk(winner)
 }

@@ -446,6 +446,42 @@ func (cl *client) next(what string, limit time.Duration) time.Time {
 	}
 }
 
+// untilOneSideRuns asks the VM all along while the pair of a and b is decided after what: a reply
+// from either side must be the next count. It returns once one side runs the VM alone and the
+// other is fenced with its QEMU stopped.
+func (cl *client) untilOneSideRuns(a, b *member, what string) (winner, loser *member) {
+	c, t := cl.c, cl.c.t
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for winner == nil {
+		if time.Now().After(deadline) {
+			c.dump()
+			t.Fatalf("no side runs the VM alone a minute after %s: %s %+v, %s %+v", what, a.name, a.agent.Status(), b.name, b.agent.Status())
+		}
+		if count, id, disk, err := ask(c.client, c.vmAddr+":7777"); err == nil {
+			if count != cl.last+1 || id != cl.boot || disk != count {
+				c.dump()
+				t.Fatalf("after %s: count %d after %d, boot id %s (first %s), disk %d", what, count, cl.last, id, cl.boot, disk)
+			}
+			cl.last = count
+		}
+		switch {
+		case a.agent.State() == failover.Alone && b.agent.State() == failover.Fenced:
+			winner, loser = a, b
+		case b.agent.State() == failover.Alone && a.agent.State() == failover.Fenced:
+			winner, loser = b, a
+		default:
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	select {
+	case <-loser.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the fenced side's QEMU still runs 10s after it was fenced", what)
+	}
+	return winner, loser
+}
+
 // serveFor asks twice a second for d: a VM that went live from a corrupted state fails within
 // seconds (an earlier QEMU, without hack/qemu/colo-tcg-flush-translations.patch, hung ~10 s
 // after going live).
