@@ -8,17 +8,22 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/go-logr/logr"
+
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
-// Start starts the API server; root is the repository's root. Stop it with env.Stop.
+// Start starts the API server; root is the repository's root. Stop it with env.Stop. The test
+// process's controller-runtime log is discarded (the processes under test write their own).
 func Start(root string) (*envtest.Environment, *rest.Config, client.Client, error) {
+	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"),
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "bin", "test-crds", "kubevirt")},
