@@ -83,12 +83,13 @@ func (e *Engine) Start(ctx context.Context) error {
 		_ = q.Close()
 		return fmt.Errorf("inspecting the member's QEMU: %w", err)
 	}
+	pid := q.PeerPID()
 	e.mu.Lock()
-	e.q, e.pid = q, q.PeerPID()
+	e.q, e.pid = q, pid
 	e.wasSecondary = f.rewriter
 	e.leftover = e.cfg.Primary && f.mode == "primary"
 	e.mu.Unlock()
-	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", e.PID())
+	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", pid)
 	if e.cfg.Primary {
 		return nil
 	}

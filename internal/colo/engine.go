@@ -196,22 +196,6 @@ func (e *Engine) Streams() engine.StreamStats {
 	return st
 }
 
-// PID is the member's QEMU's process id as this process sees it (0: unknown).
-func (e *Engine) PID() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pid
-}
-
-// Execute runs a QMP command on lockstepd's monitor of the member's QEMU.
-func (e *Engine) Execute(ctx context.Context, cmd string, args, result any) error {
-	q := e.conn()
-	if q == nil {
-		return errors.New("QEMU is not attached")
-	}
-	return q.Execute(ctx, cmd, args, result)
-}
-
 // Run implements engine.Engine: the side runs the VM. A secondary goes live first; a primary
 // that found an earlier protection left in its QEMU ends it (it holds the record now); then every
 // Resync protects the VM with the agent's new secondary, and Unprotect lets it run on alone.

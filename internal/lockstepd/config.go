@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -99,6 +100,10 @@ func FromEnv(fs *flag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
+// MemberDir is a member's directory on the node, which its launcher shares with lockstepd:
+// <run-dir>/<vmi-uid>.
+func (c *Config) MemberDir(m MemberSpec) string { return filepath.Join(c.RunDir, m.UID) }
+
 // Validate says what is missing or wrong.
 func (c *Config) Validate() error {
 	var errs []error
@@ -158,10 +163,7 @@ func (c *Config) resolveLoggingInterface() error {
 	bind("listen-address", &c.ListenAddress)
 	bind("stream-listen-address", &c.StreamListenAddress)
 	if c.AdvertiseAddress == "" {
-		c.AdvertiseAddress = c.ListenAddress
-	}
-	if c.StreamAdvertiseAddress == "" {
-		c.StreamAdvertiseAddress = c.StreamListenAddress
+		c.AdvertiseAddress = c.ListenAddress // the stream address follows it (Validate)
 	}
 	return errors.Join(errs...)
 }

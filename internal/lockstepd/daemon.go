@@ -57,10 +57,8 @@ type Daemon struct {
 
 // member is a running member and what the daemon remembers of it.
 type member struct {
-	*Member
-	agent *agent.Agent
-	pair  types.NamespacedName
-	role  string // the role the agent started in
+	*Member // Spec.Primary: the role the agent started in
+	pair    types.NamespacedName
 	// reporting
 	reported   agent.Status
 	reportedAt time.Time
@@ -74,9 +72,9 @@ func identityOf(node, vmi string) string { return ftv1.SideIdentity(node, vmi) }
 
 func vmiOf(identity string) string { return ftv1.VMIOfIdentity(identity) }
 
-// annotate is a merge patch that sets one annotation.
-func annotate(key, value string) client.Patch {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+// annotate is a merge patch that sets annotations.
+func annotate(annotations map[string]string) client.Patch {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	return client.RawPatch(types.MergePatchType, patch)
 }
 
@@ -145,12 +143,12 @@ func (d *Daemon) serve(ctx context.Context) error {
 
 func (d *Daemon) publishAddresses(ctx context.Context) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: d.Config.NodeName}}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+	patch := annotate(map[string]string{
 		ftv1.AnnotationNodeLoggingAddress: d.Config.AdvertiseAddress,
 		ftv1.AnnotationNodeStreamAddress:  d.Config.StreamAdvertiseAddress,
-	}}})
+	})
 	for {
-		err := d.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch))
+		err := d.Client.Patch(ctx, node, patch)
 		if err == nil {
 			return nil
 		}
@@ -213,12 +211,12 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			errs = append(errs, err)
 			continue
 		}
-		if vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary && m.role == ftv1.RoleSecondary {
-			m.agent.Promote(ctx)
+		if vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary && !m.Spec.Primary {
+			m.Agent.Promote(ctx)
 		}
 		// A member that runs the VM (a primary, or a secondary that went live) streams to the
 		// pair's secondary; a waiting secondary's engine streams to its primary.
-		runsVM := m.role == ftv1.RolePrimary || vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary || m.agent.Status().RunsVM
+		runsVM := m.Spec.Primary || vmi.Labels[ftv1.LabelRole] == ftv1.RolePrimary || m.Agent.Status().RunsVM
 		peer, found, err := d.peerOf(ctx, vmi, runsVM, vmis.Items)
 		if err != nil {
 			errs = append(errs, err)
@@ -226,7 +224,7 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if found && peer.Addr == "" {
 			waiting = true
 		}
-		m.agent.SetPeer(ctx, peer)
+		m.Agent.SetPeer(ctx, peer)
 		errs = append(errs, d.settle(ctx, key, vmi, m))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -248,7 +246,7 @@ func (d *Daemon) fence(ctx context.Context, key types.NamespacedName, why string
 	m := d.agents[key]
 	d.mu.Unlock()
 	if m != nil {
-		m.agent.Fence(ctx, why)
+		m.Agent.Fence(ctx, why)
 	}
 	return m
 }
@@ -300,14 +298,10 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	if err != nil {
 		return nil, err
 	}
-	role := ftv1.RoleSecondary
-	if spec.Primary {
-		role = ftv1.RolePrimary
-	}
-	m = &member{Member: run, agent: run.Agent, pair: pair, role: role}
+	m = &member{Member: run, pair: pair}
 	go func() {
 		if errors.Is(run.Err(), engine.ErrFenced) {
-			lg.Info("the member was fenced; its VMI will be deleted", "why", m.agent.Status().Message)
+			lg.Info("the member was fenced; its VMI will be deleted", "why", m.Agent.Status().Message)
 			onChange()
 		}
 	}()
@@ -345,7 +339,7 @@ func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance
 // settle carries out what the agent's state asks of the API: mark a synchronized secondary,
 // delete a fenced member, report.
 func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virtv1.VirtualMachineInstance, m *member) error {
-	st := m.agent.Status()
+	st := m.Agent.Status()
 	if st.State == failover.Fenced {
 		// A fenced member's VM is stopped for good; deleting its VMI lets the operator replace it.
 		err := d.Client.Delete(ctx, vmi, client.Preconditions{UID: &vmi.UID})
@@ -355,7 +349,7 @@ func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virt
 	}
 	if st.Synced && !m.syncMarked && vmi.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
 		if _, ok := vmi.Annotations[ftv1.AnnotationSyncedAt]; !ok {
-			if err := d.Client.Patch(ctx, vmi, annotate(ftv1.AnnotationSyncedAt, time.Now().UTC().Format(time.RFC3339))); err != nil {
+			if err := d.Client.Patch(ctx, vmi, annotate(map[string]string{ftv1.AnnotationSyncedAt: time.Now().UTC().Format(time.RFC3339)})); err != nil {
 				return fmt.Errorf("marking %s synchronized: %w", key, err)
 			}
 		}
@@ -383,9 +377,9 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 		side.LastHeartbeatTime = &metav1.Time{Time: st.LastHeard}
 	}
 	status := map[string]any{}
-	if st.RunsVM || m.role == ftv1.RolePrimary {
+	if st.RunsVM || m.Spec.Primary {
 		repl := map[string]any{"primary": side}
-		if m.role == ftv1.RoleSecondary && !prev.RunsVM {
+		if !m.Spec.Primary && !prev.RunsVM {
 			repl["secondary"] = nil // this side's report as the secondary it no longer is
 		}
 		status["replication"] = repl
@@ -421,7 +415,7 @@ func (d *Daemon) Statuses() []agent.Status {
 	d.mu.Unlock()
 	out := make([]agent.Status, 0, len(ms))
 	for _, m := range ms {
-		out = append(out, m.agent.Status())
+		out = append(out, m.Agent.Status())
 	}
 	return out
 }

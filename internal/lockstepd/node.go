@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -107,8 +106,8 @@ func (n *Node) Serve(ctx context.Context, logs, streams net.Listener) error {
 	return err
 }
 
-// Dir is a member's directory on this node.
-func (n *Node) Dir(m MemberSpec) string { return filepath.Join(n.Config.RunDir, m.UID) }
+// Dir is a member's directory on this node (Config.MemberDir).
+func (n *Node) Dir(m MemberSpec) string { return n.Config.MemberDir(m) }
 
 // Member is a member that runs on this node: its engine and its agent.
 type Member struct {

@@ -258,7 +258,8 @@ func (c *cluster) memberVMI(k8s ctrlclient.Client, ns, name, role string, n *nod
 		c.t.Fatal(err)
 	}
 	spec := lockstepd.MemberOf(vmi, n.name)
-	m := &member{name: name, node: n, spec: spec, dir: filepath.Join(c.runDir, spec.UID), exited: make(chan struct{})}
+	layout := lockstepd.Config{RunDir: c.runDir} // the run directory the lockstepd processes have
+	m := &member{name: name, node: n, spec: spec, dir: layout.MemberDir(spec), exited: make(chan struct{})}
 	c.launch(m)
 	c.members = append(c.members, m)
 	return m
