@@ -45,6 +45,8 @@ type Config struct {
 	DefaultLogBandwidthMbps int
 	// MaxConcurrentReconciles bounds parallel reconciles; placement is serialized by the Placer.
 	MaxConcurrentReconciles int
+	// Signer configures lockstepd's certificate signer (not run when ServiceAccount is empty).
+	Signer SignerConfig
 }
 
 // FaultTolerantVMReconciler reconciles FaultTolerantVMs.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
@@ -15,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
@@ -33,6 +36,8 @@ func CacheOptions() cache.Options {
 		&corev1.Pod{}: {Label: managed},
 		// The pairs' records, not the nodes' heartbeats.
 		&coordinationv1.Lease{}: {Label: managed},
+		// lockstepd's certificate requests, not the kubelets'.
+		&certificatesv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", nodecert.SignerName)},
 	}}
 }
 
@@ -50,5 +55,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Placer:    &Placer{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Defaults: limits, AssumeTTL: 2 * time.Minute},
 		Config:    cfg,
 	}
-	return r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if cfg.Signer.ServiceAccount == "" {
+		return nil
+	}
+	signer := &LockstepdSigner{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg.Signer}
+	return signer.SetupWithManager(mgr)
 }

@@ -16,6 +16,8 @@ checks=(
   "agent-without-kubernetes internal/agent sigs.k8s.io/controller-runtime/pkg/client"
   "agent-without-kubernetes internal/agent $mod/internal/arbiter"
   "operator-not-daemon controllers $mod/internal/lockstepd"
+  "nodecert-pure internal/nodecert k8s.io/api/certificates/v1"
+  "nodecert-pure internal/nodecert os"
 )
 fail=0
 for c in "${checks[@]}"; do

@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"flag"
 	"os"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -40,11 +42,25 @@ func main() {
 	flag.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Parallel reconciles; placement itself is serialized.")
 	flag.StringVar(&cfg.Member.PriorityClassName, "priority-class", "lockstep-ft", "Priority class of members whose template names none.")
 	flag.BoolVar(&cfg.Member.DedicatedCPUPlacement, "dedicated-cpu-placement", false, "Pin each vCPU to a host CPU (needs the kubelet CPU manager).")
+	var lockstepdSA, lockstepdCA string
+	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs; empty: do not run the signer.")
+	flag.StringVar(&lockstepdCA, "lockstepd-ca", "lockstep-system/lockstepd-ca", "Secret (namespace/name) of the lockstepd CA, made when missing; its certificate is published in the ConfigMap of the same name.")
+	flag.DurationVar(&cfg.Signer.MaxLifetime, "lockstepd-certificate-max-lifetime", 30*24*time.Hour, "Longest lifetime of a lockstepd certificate.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	setupLog := ctrl.Log.WithName("setup")
+	if lockstepdSA != "" {
+		sa, ok := namespacedName(lockstepdSA)
+		ca, ok2 := namespacedName(lockstepdCA)
+		if !ok || !ok2 {
+			setupLog.Error(nil, "--lockstepd-service-account and --lockstepd-ca are namespace/name", "service-account", lockstepdSA, "ca", lockstepdCA)
+			os.Exit(2)
+		}
+		cfg.Signer.ServiceAccount = "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
+		cfg.Signer.CA, cfg.Signer.CALifetime = ca, 10*365*24*time.Hour
+	}
 
 	metricsOpts := metricsserver.Options{
 		BindAddress:   metricsAddr,
@@ -88,4 +104,10 @@ func main() {
 		setupLog.Error(err, "running the manager")
 		os.Exit(1)
 	}
+}
+
+// namespacedName reads "namespace/name".
+func namespacedName(s string) (types.NamespacedName, bool) {
+	ns, name, ok := strings.Cut(s, "/")
+	return types.NamespacedName{Namespace: ns, Name: name}, ok && ns != "" && name != ""
 }

@@ -209,7 +209,7 @@ func (a *Agent) post(ctx context.Context, fn func()) {
 // SetPeer tells the agent where the other member is; a primary without a secondary connects to it.
 func (a *Agent) SetPeer(ctx context.Context, p Peer) {
 	if ps, ok := a.vm.(engine.PeerSetter); ok {
-		ps.SetPeer(engine.Peer{Member: p.VMI, StreamAddr: p.StreamAddr})
+		ps.SetPeer(engine.Peer{Member: p.VMI, Node: p.Node, StreamAddr: p.StreamAddr})
 	}
 	a.post(ctx, func() {
 		a.mu.Lock()

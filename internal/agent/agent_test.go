@@ -86,19 +86,20 @@ type pair struct {
 	a, b       *side
 	ccfg       channel.Config
 	tlsA, tlsB channel.Config
+	ca         *pki.CA
 }
 
 func newPair(t *testing.T) *pair {
 	ca := pki.New(t, "ca")
-	p := &pair{lease: &leasedouble.Lease{}, outs: &outputs{}}
+	p := &pair{lease: &leasedouble.Lease{}, outs: &outputs{}, ca: ca}
 	p.ccfg = channel.Config{Pair: "ns/vm", Heartbeat: 5 * time.Millisecond, Timeout: 40 * time.Millisecond}
 	p.tlsA, p.tlsB = p.ccfg, p.ccfg
-	p.tlsA.TLS, p.tlsB.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
 	return p
 }
 
-// start runs a side: a listener with its mux, an engine and the agent.
+// start runs a side on node "node-<name>": a listener with its mux, an engine and the agent.
 func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config, follower func() (*vmdouble.Counter, uint64)) *side {
+	cfg.TLS = p.ca.TLSConfig(t, "node-"+name) // the side's certificate names its node
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -72,7 +72,9 @@ func (a *Agent) startChannel(ctx context.Context, peer Peer) {
 	a.appendMu.Lock()
 	defer a.appendMu.Unlock()
 	a.mu.Lock()
-	p := channel.NewPrimary(a.cfg.Channel, peer.Addr, a.epoch)
+	cfg := a.cfg.Channel
+	cfg.PeerNode = peer.Node // the secondary's lockstepd must be the node the API names
+	p := channel.NewPrimary(cfg, peer.Addr, a.epoch)
 	if a.cfg.Dial != nil {
 		p.Dial = a.cfg.Dial
 	}

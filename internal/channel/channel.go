@@ -36,6 +36,9 @@ type Config struct {
 	Window ftlog.Window
 	// MaxBatchEntries and MaxBatchBytes bound one Entries frame.
 	MaxBatchEntries, MaxBatchBytes int
+	// PeerNode, when set, is the node whose lockstepd the primary must reach: a secondary whose
+	// certificate names another node is refused (nodecert.Expect).
+	PeerNode string
 }
 
 // Defaults for a zero Config field.

@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 )
 
 // Mux serves the secondaries of every pair on one node from one listener: lockstepd listens once
@@ -15,11 +17,16 @@ type Mux struct {
 	TLS *tls.Config
 	// Timeout bounds the handshake and the wait for the Hello.
 	Timeout time.Duration
+	// Authorize, when set, decides whether the peer's node (nodecert.PeerNode) may serve the
+	// pair its Hello names: only the node that holds the pair's other member may.
+	Authorize func(pair, node string) error
 
 	mu   sync.Mutex
 	byID map[string]*Secondary
 	// Unknown counts connections for a pair that has no secondary here.
 	unknown uint64
+	// refused counts connections whose peer Authorize refused.
+	refused uint64
 }
 
 // Register routes the pair's connections to s, replacing a previous secondary of the pair.
@@ -48,6 +55,24 @@ func (m *Mux) Unknown() uint64 {
 	return m.unknown
 }
 
+// Refused is the number of connections refused because their peer is not the pair's other node.
+func (m *Mux) Refused() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refused
+}
+
+func (m *Mux) authorize(c *conn, pair string) error {
+	if m.Authorize == nil {
+		return nil
+	}
+	node, err := nodecert.PeerNode(c.Conn.(*tls.Conn).ConnectionState())
+	if err != nil {
+		return err
+	}
+	return m.Authorize(pair, node)
+}
+
 // Serve accepts connections on ln until ctx ends.
 func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	timeout := m.Timeout
@@ -60,6 +85,12 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 			return
 		}
 		defer stopConn()
+		if err := m.authorize(c, peer.Pair); err != nil {
+			m.mu.Lock()
+			m.refused++
+			m.mu.Unlock()
+			return // the primary sees the connection end before a Hello
+		}
 		m.mu.Lock()
 		s := m.byID[peer.Pair]
 		if s == nil {

@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -87,5 +88,54 @@ func TestMuxRoutesByPairAndNewLogsStartOver(t *testing.T) {
 	_ = p.Run(pctx)
 	if mux.Unknown() == 0 || p.Stats().Connections != 0 {
 		t.Fatalf("a primary of an unknown pair was served: unknown %d, connections %d", mux.Unknown(), p.Stats().Connections)
+	}
+}
+
+// TestOnlyThePairsOtherNodeIsServed: the mux serves a pair's log only to the node it authorizes
+// for the pair, and a primary refuses a secondary whose certificate names another node than the
+// one it expects, although every certificate is signed by the same CA.
+func TestOnlyThePairsOtherNodeIsServed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := pki.New(t, "ca")
+	mux := &Mux{TLS: ca.TLSConfig(t, "node-b"), Authorize: func(pair, node string) error {
+		if node != "node-a" {
+			return fmt.Errorf("%s is not the node of %s's primary", node, pair)
+		}
+		return nil
+	}}
+	s := NewSecondary(Config{Pair: "ns/vm", TLS: ca.TLSConfig(t, "node-b")}, func(ftlog.Entry) error { return nil })
+	mux.Register("ns/vm", s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mux.Serve(ctx, ln) }()
+
+	// reaches: a primary on node from, expecting the secondary on node expect, gets an entry
+	// acknowledged within a second.
+	reaches := func(from, expect string) bool {
+		pctx, stop := context.WithTimeout(ctx, time.Second)
+		defer stop()
+		cfg := Config{Pair: "ns/vm", TLS: ca.TLSConfig(t, from), PeerNode: expect, Heartbeat: 5 * time.Millisecond, Timeout: 100 * time.Millisecond}
+		p := NewPrimary(cfg, ln.Addr().String(), 1)
+		go func() { _ = p.Run(pctx) }()
+		seq, err := p.Append(pctx, []byte("x"))
+		if err != nil {
+			return false
+		}
+		return p.WaitAcked(pctx, seq) == nil
+	}
+	if reaches("node-c", "node-b") {
+		t.Fatal("a third node's lockstepd was served the pair's log")
+	}
+	if mux.Refused() == 0 {
+		t.Fatal("the mux counted no refusal")
+	}
+	if reaches("node-a", "node-x") {
+		t.Fatal("the primary accepted a secondary of another node than it expects")
+	}
+	if !reaches("node-a", "node-b") {
+		t.Fatal("the pair's own primary was not served")
 	}
 }

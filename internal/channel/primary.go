@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 )
 
 // Primary streams the log to the secondary, reconnecting and resuming until its context ends.
@@ -193,7 +194,11 @@ func (p *Primary) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(p.cfg.TLS)), p.cfg.Timeout)
+	tc := p.cfg.TLS
+	if p.cfg.PeerNode != "" {
+		tc = nodecert.Expect(tc, p.cfg.PeerNode)
+	}
+	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(tc)), p.cfg.Timeout)
 	if err != nil {
 		return err
 	}

@@ -113,16 +113,17 @@ func (e *Engine) SetPeer(p engine.Peer) {
 	}
 }
 
-// peerStreams is where this member's streams go: the peer lockstepd's stream address, and the
-// peer member's route key there.
-func (e *Engine) peerStreams() (addr, key string) {
+// peerStreams is where this member's streams go: the peer member on its node.
+func (e *Engine) peerStreams() relay.Target {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.peer.StreamAddr, routeKey(e.cfg.Pair, e.peer.Member)
+	return target(e.cfg.Pair, e.peer)
 }
 
-// routeKey is the relay's key of the streams a member receives.
-func routeKey(pair, member string) string { return pair + "/" + member }
+// target is where the streams to the pair's member p go.
+func target(pair string, p engine.Peer) relay.Target {
+	return relay.Target{Addr: p.StreamAddr, Node: p.Node, Key: relay.Key(pair, p.Member)}
+}
 
 func (e *Engine) conn() *qmp.Conn {
 	e.mu.Lock()

@@ -39,7 +39,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	// peer (the daemon replaced the secondary) ends it, so that the next one starts afresh. A
 	// secondary cannot be migrated into twice.
 	e.mu.Lock()
-	target := e.peer
+	peer := e.peer
 	ctx, cancel := context.WithCancel(ctx)
 	e.protecting = cancel
 	e.mu.Unlock()
@@ -49,18 +49,18 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		e.mu.Unlock()
 		cancel()
 	}()
-	peer, key := target.StreamAddr, routeKey(e.cfg.Pair, target.Member)
-	if peer == "" || target.Member == "" {
+	to := target(e.cfg.Pair, peer)
+	if to.Addr == "" || peer.Member == "" {
 		return errors.New("no secondary to protect the VM with")
 	}
 	// QEMU connects to the secondary's replica synchronously: make sure the peer answers first.
-	if err := retryFor(ctx, time.Minute, func() error { return relay.Probe(ctx, peer, e.cfg.TLS, e.cfg.Dial) }); err != nil {
-		return fmt.Errorf("the secondary's node %s does not answer: %w", peer, err)
+	if err := retryFor(ctx, time.Minute, func() error { return relay.Probe(ctx, to, e.cfg.TLS, e.cfg.Dial) }); err != nil {
+		return fmt.Errorf("the secondary's node %s (%s) does not answer: %w", to.Node, to.Addr, err)
 	}
 	ready := make(chan struct{})
 	var once sync.Once
 	cps := &Checkpoints{OnReady: func() { once.Do(func() { close(ready) }) }, OnCheckpoint: e.checkpoint}
-	e.pairWith(func() (string, string) { return peer, key }, cps, []string{StreamMigration, StreamNBD}, []string{StreamMirror, StreamCompare})
+	e.pairWith(func() relay.Target { return to }, cps, []string{StreamMigration, StreamNBD}, []string{StreamMirror, StreamCompare})
 	if err := PrimaryChardevs(ctx, q, e.cfg.Sockets); err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ type pairing struct {
 // pairWith relays the pair's streams: forwards for the ones this side's QEMU dials, routes for
 // the ones it listens on, until unpair. peer says where the forwards go; cps, when set, reads the
 // migration stream's return path.
-func (e *Engine) pairWith(peer func() (addr, key string), cps *Checkpoints, dials, listens []string) {
+func (e *Engine) pairWith(peer func() relay.Target, cps *Checkpoints, dials, listens []string) {
 	pctx, cancel := context.WithCancel(context.Background())
 	p := &pairing{cancel: cancel}
 	for _, s := range dials {
@@ -31,7 +31,7 @@ func (e *Engine) pairWith(peer func() (addr, key string), cps *Checkpoints, dial
 		p.counters, p.names = append(p.counters, &f.Counters), append(p.names, s)
 	}
 	for _, s := range listens {
-		p.counters, p.names = append(p.counters, e.cfg.Relay.Route(routeKey(e.cfg.Pair, e.cfg.Member), s, e.cfg.Sockets.Path(s))), append(p.names, s)
+		p.counters, p.names = append(p.counters, e.cfg.Relay.Route(e.cfg.Pair, e.cfg.Member, s, e.cfg.Sockets.Path(s))), append(p.names, s)
 		p.routes = append(p.routes, s)
 	}
 	e.mu.Lock()
@@ -55,7 +55,7 @@ func (e *Engine) unpair() {
 	}
 	p.cancel()
 	for _, s := range p.routes {
-		e.cfg.Relay.Unroute(routeKey(e.cfg.Pair, e.cfg.Member), s)
+		e.cfg.Relay.Unroute(e.cfg.Pair, e.cfg.Member, s)
 	}
 }
 

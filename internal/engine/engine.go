@@ -81,6 +81,8 @@ type PeerSetter interface {
 type Peer struct {
 	// Member is the peer member's name (its VMI): streams are routed to a member, not a node.
 	Member string
+	// Node is the peer member's node: its lockstepd's certificate must name it.
+	Node string
 	// StreamAddr is where the peer's lockstepd relays streams ("" while unknown).
 	StreamAddr string
 }

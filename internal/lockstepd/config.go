@@ -2,7 +2,6 @@ package lockstepd
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 )
 
 // Config is lockstepd's configuration: flags, each also settable by an environment variable
@@ -33,14 +32,19 @@ type Config struct {
 	// RunDir holds the members' directories (<run-dir>/<vmi-uid>/), which their launchers share
 	// with the node: lockstepd's QMP monitor of the member's QEMU and its stream sockets.
 	RunDir string
-	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs its
-	// peers' (the files of a cert-manager Secret). Files are read again when they change.
+	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs
+	// every node's. Files are read again when they change.
 	CertFile, KeyFile, CAFile string
-	Heartbeat, Timeout        time.Duration
-	Detect, ClaimTimeout      time.Duration
-	StatusInterval            time.Duration
-	WindowEntries             int
-	WindowBytes               int
+	// CertRequest: lockstepd obtains and renews its certificate from the operator's signer
+	// (CertificateSigningRequests for nodecert.SignerName); otherwise the files are provided.
+	CertRequest bool
+	// CertLifetime is the lifetime lockstepd asks of its certificates.
+	CertLifetime         time.Duration
+	Heartbeat, Timeout   time.Duration
+	Detect, ClaimTimeout time.Duration
+	StatusInterval       time.Duration
+	WindowEntries        int
+	WindowBytes          int
 	// PaceThreshold: the primary is slowed while the vLockstep interval stays above it (0: never).
 	PaceThreshold                 time.Duration
 	MetricsAddress, HealthAddress string
@@ -67,9 +71,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.StreamListenAddress, "stream-listen-address", ":7411", "Address an engine's own streams (QEMU COLO's) are relayed on.")
 	fs.StringVar(&c.StreamAdvertiseAddress, "stream-advertise-address", "", "ip:port peers dial for this node's streams (default: the --advertise-address host with the --stream-listen-address port).")
 	fs.StringVar(&c.RunDir, "run-dir", "/var/run/lockstep", "Directory of the members' directories (<run-dir>/<vmi-uid>/), shared with their launchers; keep it short: Unix socket paths end at 107 bytes.")
-	fs.StringVar(&c.CertFile, "tls-cert-file", "/etc/lockstepd/tls/tls.crt", "The node's certificate (PEM).")
-	fs.StringVar(&c.KeyFile, "tls-key-file", "/etc/lockstepd/tls/tls.key", "The node's private key (PEM).")
-	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/tls/ca.crt", "The CA that signs every lockstepd's certificate (PEM).")
+	fs.StringVar(&c.CertFile, "tls-cert-file", "/var/lib/lockstepd/pki/tls.crt", "The node's certificate (PEM); its common name must be system:lockstepd:<node-name>.")
+	fs.StringVar(&c.KeyFile, "tls-key-file", "/var/lib/lockstepd/pki/tls.key", "The node's private key (PEM).")
+	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/ca/ca.crt", "The CA that signs every lockstepd's certificate (PEM; the operator publishes it in the ConfigMap lockstepd-ca).")
+	fs.BoolVar(&c.CertRequest, "tls-request-certificate", true, "Obtain and renew the node's certificate from the operator's signer (CertificateSigningRequest, signer "+nodecert.SignerName+") into --tls-cert-file and --tls-key-file; false: the files are provided.")
+	fs.DurationVar(&c.CertLifetime, "tls-certificate-lifetime", 7*24*time.Hour, "Lifetime to ask of the node's certificates; lockstepd renews at two thirds of it.")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", channel.DefaultHeartbeat, "How often an idle side proves it is alive.")
 	fs.DurationVar(&c.Timeout, "timeout", channel.DefaultTimeout, "Silence after which a connection is dropped and reopened.")
 	fs.DurationVar(&c.Detect, "detect", 500*time.Millisecond, "Silence of the peer after which a side claims the pair's Lease.")
@@ -201,86 +207,4 @@ func interfaceAddress(name string) (net.IP, error) {
 func (c *Config) ChannelConfig(pair string, tc *tls.Config) channel.Config {
 	return channel.Config{Pair: pair, TLS: tc, Heartbeat: c.Heartbeat, Timeout: c.Timeout,
 		Window: ftlog.Window{Entries: c.WindowEntries, Bytes: c.WindowBytes}}
-}
-
-// certFiles serves the node's certificate, reading the files again when they change
-// (cert-manager renews them in place).
-type certFiles struct {
-	cfg  *Config
-	mu   sync.Mutex
-	mod  time.Time
-	cert *tls.Certificate
-	pool *x509.CertPool
-}
-
-func (f *certFiles) load() (*tls.Certificate, *x509.CertPool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var mod time.Time
-	for _, p := range []string{f.cfg.CertFile, f.cfg.KeyFile, f.cfg.CAFile} {
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, nil, err
-		}
-		if st.ModTime().After(mod) {
-			mod = st.ModTime()
-		}
-	}
-	if f.cert != nil && !mod.After(f.mod) {
-		return f.cert, f.pool, nil
-	}
-	cert, err := tls.LoadX509KeyPair(f.cfg.CertFile, f.cfg.KeyFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	ca, err := os.ReadFile(f.cfg.CAFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, nil, fmt.Errorf("%s holds no PEM certificate", f.cfg.CAFile)
-	}
-	f.cert, f.pool, f.mod = &cert, pool, mod
-	return f.cert, f.pool, nil
-}
-
-// tlsConfig is the node's TLS configuration for both directions: it presents the node's current
-// certificate and accepts peers signed by the current CA. Peers are verified against the CA only
-// (any lockstepd of the cluster may serve any pair; the Hello names the pair).
-func (f *certFiles) tlsConfig() (*tls.Config, error) {
-	if _, _, err := f.load(); err != nil {
-		return nil, err
-	}
-	verify := func(cs tls.ConnectionState) error {
-		_, pool, err := f.load()
-		if err != nil {
-			return err
-		}
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("the peer sent no certificate")
-		}
-		opts := x509.VerifyOptions{Roots: pool, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
-		for _, c := range cs.PeerCertificates[1:] {
-			opts.Intermediates.AddCert(c)
-		}
-		_, err = cs.PeerCertificates[0].Verify(opts)
-		return err
-	}
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			c, _, err := f.load()
-			return c, err
-		},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, _, err := f.load()
-			return c, err
-		},
-		// Verification is done by VerifyConnection against the CA read from disk, which may be
-		// renewed; names are not checked because peers are addressed by IP.
-		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
-		ClientAuth:         tls.RequireAnyClientCert,
-		VerifyConnection:   verify,
-	}, nil
 }

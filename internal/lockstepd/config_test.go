@@ -56,12 +56,13 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 	}
 }
 
-// TestCertificatesAreReadAgainWhenRenewed replaces the files (as cert-manager renews a Secret):
-// the next handshake presents the new certificate and trusts the new CA.
+// TestCertificatesAreReadAgainWhenRenewed replaces the files (as lockstepd renews its certificate
+// and the kubelet updates the CA's ConfigMap): the next handshake presents the new certificate
+// and trusts the new CA.
 func TestCertificatesAreReadAgainWhenRenewed(t *testing.T) {
 	dir := t.TempDir()
-	pki.New(t, "ca-1").WriteFiles(t, dir, "lockstepd")
-	c := Config{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), CAFile: filepath.Join(dir, "ca.crt")}
+	pki.New(t, "ca-1").WriteFiles(t, dir, "node-1")
+	c := Config{NodeName: "node-1", CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), CAFile: filepath.Join(dir, "ca.crt")}
 	files := &certFiles{cfg: &c}
 	first, pool1, err := files.load()
 	if err != nil {
@@ -71,7 +72,7 @@ func TestCertificatesAreReadAgainWhenRenewed(t *testing.T) {
 		t.Fatal("unchanged files were read again")
 	}
 	time.Sleep(10 * time.Millisecond) // a newer modification time
-	pki.New(t, "ca-2").WriteFiles(t, dir, "lockstepd")
+	pki.New(t, "ca-2").WriteFiles(t, dir, "node-1")
 	now := time.Now()
 	for _, f := range []string{c.CertFile, c.KeyFile, c.CAFile} {
 		if err := os.Chtimes(f, now, now); err != nil {
@@ -84,6 +85,18 @@ func TestCertificatesAreReadAgainWhenRenewed(t *testing.T) {
 	}
 	if second == first || pool2.Equal(pool1) {
 		t.Fatal("renewed files were not read again")
+	}
+}
+
+// TestAnotherNodesCertificateIsRefused: lockstepd does not start with a certificate that names
+// another node (peers would refuse it), and says which node the files are for.
+func TestAnotherNodesCertificateIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	pki.New(t, "ca").WriteFiles(t, dir, "node-2")
+	c := Config{NodeName: "node-1", CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), CAFile: filepath.Join(dir, "ca.crt")}
+	_, err := (&certFiles{cfg: &c}).tlsConfig()
+	if err == nil || !strings.Contains(err.Error(), `the certificate of node "node-2", not of this node "node-1"`) {
+		t.Fatalf("got %v", err)
 	}
 }
 

@@ -224,7 +224,7 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if found && peer.Addr == "" {
 			waiting = true
 		}
-		m.Agent.SetPeer(ctx, peer)
+		m.SetPeer(ctx, peer)
 		errs = append(errs, d.settle(ctx, key, vmi, m))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -85,6 +85,18 @@ func Main(engines map[string]EngineFactory) int {
 		setup.Error(err, "creating the records' client")
 		return 1
 	}
+	ctx := ctrl.SetupSignalHandler()
+	if cfg.CertRequest {
+		certs := &CertRequester{Config: &cfg, Client: records, Log: ctrl.Log.WithName("certificate")}
+		if err := certs.Ensure(ctx); err != nil {
+			setup.Error(err, "obtaining the node's certificate")
+			return 1
+		}
+		if err := mgr.Add(certs); err != nil {
+			setup.Error(err, "adding the certificate's renewal")
+			return 1
+		}
+	}
 	d := &Daemon{Config: cfg, Client: mgr.GetClient(), Records: records, Node: &Node{NewEngine: newEngine}}
 	if err := d.SetupWithManager(mgr); err != nil {
 		setup.Error(err, "setting up lockstepd")
@@ -95,7 +107,7 @@ func Main(engines map[string]EngineFactory) int {
 		return 1
 	}
 	setup.Info("starting lockstepd", "node", cfg.NodeName, "engine", cfg.Engine, "advertise", cfg.AdvertiseAddress)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		setup.Error(err, "lockstepd stopped")
 		return 1
 	}

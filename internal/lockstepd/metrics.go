@@ -22,15 +22,17 @@ var (
 	descFailover = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
 	descEpoch    = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
 	descPace     = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
+	descRefused  = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descRefused} {
 		ch <- d
 	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(c.d.Node.Refused()))
 	for _, st := range c.d.Statuses() {
 		l := []string{st.Pair, vmiOf(st.Identity)}
 		for s := failover.Protected; s <= failover.Fenced; s++ {

@@ -58,14 +58,15 @@ type Node struct {
 
 	mux    *channel.Mux
 	relay  *relay.Server
+	peers  peers
 	queues atomic.Uint32
 	once   sync.Once
 }
 
 func (n *Node) init() {
 	n.once.Do(func() {
-		n.mux = &channel.Mux{TLS: n.TLS, Timeout: n.Config.Timeout}
-		n.relay = &relay.Server{TLS: n.TLS}
+		n.mux = &channel.Mux{TLS: n.TLS, Timeout: n.Config.Timeout, Authorize: n.peers.authorize}
+		n.relay = &relay.Server{TLS: n.TLS, Authorize: n.peers.authorize}
 		if n.Dial == nil {
 			d := net.Dialer{Control: bindToDevice(n.Config.LoggingInterface)}
 			n.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
@@ -106,6 +107,13 @@ func (n *Node) Serve(ctx context.Context, logs, streams net.Listener) error {
 	return err
 }
 
+// Refused is the number of connections to this node's FT log and streams refused because their
+// peer is not the node of the pair's other member. Call it once TLS is set.
+func (n *Node) Refused() uint64 {
+	n.init()
+	return n.mux.Refused() + n.relay.Refused()
+}
+
 // Dir is a member's directory on this node (Config.MemberDir).
 func (n *Node) Dir(m MemberSpec) string { return n.Config.MemberDir(m) }
 
@@ -114,6 +122,7 @@ type Member struct {
 	Spec   MemberSpec
 	Agent  *agent.Agent
 	Engine engine.Engine
+	peers  *peers
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
@@ -157,9 +166,10 @@ func (n *Node) StartMember(ctx context.Context, spec MemberSpec, arb engine.Arbi
 		cfg.Pacer = &ftlog.Pacer{Threshold: n.Config.PaceThreshold}
 	}
 	actx, cancel := context.WithCancel(ctx)
-	m := &Member{Spec: spec, Engine: vm, Agent: agent.New(cfg, vm, arb, n.mux), cancel: cancel, done: make(chan struct{})}
+	m := &Member{Spec: spec, Engine: vm, Agent: agent.New(cfg, vm, arb, n.mux), peers: &n.peers, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(m.done)
+		defer n.peers.set(spec.Pair, spec.VMI, "")
 		m.err = m.Agent.Run(actx)
 	}()
 	log.Info("started", "primary", spec.Primary)

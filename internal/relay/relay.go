@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 )
 
 // handshakeTimeout bounds the TLS handshake and the header line.
@@ -78,25 +79,52 @@ func (cs *conns) cutAll() {
 type Server struct {
 	// TLS is the node's TLS configuration (its certificate and the CA it trusts).
 	TLS *tls.Config
+	// Authorize, when set, decides whether the peer's node (nodecert.PeerNode) may open a
+	// stream of the pair: only the node that holds the pair's other member may.
+	Authorize func(pair, node string) error
 
-	mu     sync.Mutex
-	routes map[string]*route
+	mu      sync.Mutex
+	routes  map[string]*route
+	refused uint64
+}
+
+// Refused is the number of streams refused because their peer is not the pair's other node.
+func (s *Server) Refused() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
+}
+
+func (s *Server) authorize(c *tls.Conn, pair string) error {
+	if s.Authorize == nil {
+		return nil
+	}
+	node, err := nodecert.PeerNode(c.ConnectionState())
+	if err != nil {
+		return err
+	}
+	return s.Authorize(pair, node)
 }
 
 type route struct {
+	pair string
 	path string
 	*Counters
 	conns conns
 }
 
-func key(pair, stream string) string { return pair + "\x00" + stream }
+func key(member, stream string) string { return member + "\x00" + stream }
 
-// Route sends a member's stream to the Unix socket at path (where QEMU listens), replacing an
-// earlier route of the stream and cutting its connections. member is the route's key: the pair
-// and the member that receives the stream ("namespace/name/vmi"). It returns the stream's
-// counters.
-func (s *Server) Route(member, stream, path string) *Counters {
-	r := &route{path: path, Counters: &Counters{}}
+// Key is the key of the streams that a member of a pair receives ("namespace/name/vmi"): a
+// Forward's Target names it, and a stream for a member that was replaced finds no route.
+func Key(pair, member string) string { return pair + "/" + member }
+
+// Route sends a stream that the pair's member receives to the Unix socket at path (where QEMU
+// listens), replacing an earlier route of the stream and cutting its connections. It returns the
+// stream's counters.
+func (s *Server) Route(pair, member, stream, path string) *Counters {
+	member = Key(pair, member)
+	r := &route{pair: pair, path: path, Counters: &Counters{}}
 	s.mu.Lock()
 	if s.routes == nil {
 		s.routes = map[string]*route{}
@@ -111,7 +139,8 @@ func (s *Server) Route(member, stream, path string) *Counters {
 }
 
 // Unroute refuses the member's stream from now on and cuts its connections.
-func (s *Server) Unroute(member, stream string) {
+func (s *Server) Unroute(pair, member, stream string) {
+	member = Key(pair, member)
 	s.mu.Lock()
 	r := s.routes[key(member, stream)]
 	delete(s.routes, key(member, stream))
@@ -135,12 +164,19 @@ func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
 		_ = c.Close()
 		return
 	}
-	pair, stream, _ := strings.Cut(strings.TrimSuffix(line, "\n"), "\x00")
+	member, stream, _ := strings.Cut(strings.TrimSuffix(line, "\n"), "\x00")
 	s.mu.Lock()
-	rt := s.routes[key(pair, stream)]
+	rt := s.routes[key(member, stream)]
 	s.mu.Unlock()
 	if rt == nil {
 		_ = c.Close() // no such stream here (yet): the dialing QEMU retries
+		return
+	}
+	if err := s.authorize(c, rt.pair); err != nil {
+		s.mu.Lock()
+		s.refused++
+		s.mu.Unlock()
+		_ = c.Close()
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -160,15 +196,29 @@ type bufferedConn struct {
 
 func (b bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
+// Target is where a Forward's stream goes.
+type Target struct {
+	// Addr is the peer lockstepd's stream address; Node its node, which the peer's certificate
+	// must name ("": any certificate the CA signed).
+	Addr, Node string
+	// Key is the key of the peer's route for the stream (Key).
+	Key string
+}
+
+func (t Target) tls(c *tls.Config) *tls.Config {
+	if t.Node == "" {
+		return channel.ClientTLS(c)
+	}
+	return channel.ClientTLS(nodecert.Expect(c, t.Node))
+}
+
 // Forward listens on a Unix socket for the local QEMU and carries each connection to the peer.
 type Forward struct {
 	Stream string
 	// Path is the Unix socket QEMU connects to.
 	Path string
-	// Peer returns the peer lockstepd's stream address, and the key of the peer's route for
-	// the stream (the pair and the member that receives it: a stream for a member that was
-	// replaced on the same node finds no route).
-	Peer func() (addr, key string)
+	// Peer returns where the stream goes.
+	Peer func() Target
 	TLS  *tls.Config
 	// Dial opens the TCP connection to the peer (default: net.Dialer).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
@@ -208,15 +258,15 @@ func (f *Forward) Listen(ctx context.Context) error {
 func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 	dctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	addr, key := f.Peer()
-	raw, err := orDefault(f.Dial)(dctx, addr)
+	to := f.Peer()
+	raw, err := orDefault(f.Dial)(dctx, to.Addr)
 	if err != nil {
 		_ = local.Close()
 		return
 	}
-	c := tls.Client(raw, channel.ClientTLS(f.TLS))
+	c := tls.Client(raw, to.tls(f.TLS))
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
-	if _, err := io.WriteString(c, key+"\x00"+f.Stream+"\n"); err != nil {
+	if _, err := io.WriteString(c, to.Key+"\x00"+f.Stream+"\n"); err != nil {
 		_ = c.Close()
 		_ = local.Close()
 		return
@@ -225,17 +275,17 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 	pipe(ctx, &f.conns, c, local, &f.Counters, f.FromPeer)
 }
 
-// Probe checks that the peer's stream server is reachable and accepts this node's certificate,
-// without opening a stream: a caller checks it before it makes QEMU dial through a Forward, so
-// that QEMU does not block on a peer that cannot answer.
-func Probe(ctx context.Context, addr string, tc *tls.Config, dial func(ctx context.Context, addr string) (net.Conn, error)) error {
+// Probe checks that the target's stream server is reachable, is the target's node and accepts
+// this node's certificate, without opening a stream: a caller checks it before it makes QEMU dial
+// through a Forward, so that QEMU does not block on a peer that cannot answer.
+func Probe(ctx context.Context, to Target, tc *tls.Config, dial func(ctx context.Context, addr string) (net.Conn, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	raw, err := orDefault(dial)(ctx, addr)
+	raw, err := orDefault(dial)(ctx, to.Addr)
 	if err != nil {
 		return err
 	}
-	c := tls.Client(raw, channel.ClientTLS(tc))
+	c := tls.Client(raw, to.tls(tc))
 	defer func() { _ = c.Close() }()
 	return c.HandshakeContext(ctx)
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 	"github.com/lockstep-dev/lockstep/internal/relay"
 	"github.com/lockstep-dev/lockstep/test/pki"
 )
@@ -34,7 +37,8 @@ func echo(t *testing.T, path string) {
 }
 
 type nodes struct {
-	server *relay.Server
+	ca     *pki.CA
+	server *relay.Server // node-b's, which serves pair "ns" to node-a only
 	addr   string
 	dir    string
 	tlsA   *tls.Config
@@ -42,7 +46,13 @@ type nodes struct {
 
 func newNodes(t *testing.T) *nodes {
 	ca := pki.New(t, "ca")
-	n := &nodes{server: &relay.Server{TLS: ca.TLSConfig(t, "lockstepd")}, dir: t.TempDir(), tlsA: ca.TLSConfig(t, "lockstepd")}
+	n := &nodes{ca: ca, dir: t.TempDir(), tlsA: ca.TLSConfig(t, "node-a"), server: &relay.Server{TLS: ca.TLSConfig(t, "node-b"),
+		Authorize: func(pair, node string) error {
+			if pair != "ns" || node != "node-a" {
+				return fmt.Errorf("node %s holds no member of pair %s", node, pair)
+			}
+			return nil
+		}}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,9 +64,14 @@ func newNodes(t *testing.T) *nodes {
 	return n
 }
 
+// target is member vm of pair ns on node-b.
+func (n *nodes) target() relay.Target {
+	return relay.Target{Addr: n.addr, Node: "node-b", Key: relay.Key("ns", "vm")}
+}
+
 func (n *nodes) forward(t *testing.T, ctx context.Context, stream string, fromPeer func([]byte)) *relay.Forward {
 	f := &relay.Forward{Stream: stream, Path: filepath.Join(n.dir, stream+".fwd"),
-		Peer: func() (string, string) { return n.addr, "ns/vm" }, TLS: n.tlsA, FromPeer: fromPeer}
+		Peer: func() relay.Target { return n.target() }, TLS: n.tlsA, FromPeer: fromPeer}
 	if err := f.Listen(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +82,7 @@ func TestForwardCarriesBothWaysAndCounts(t *testing.T) {
 	n := newNodes(t)
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
 	echo(t, qemuSock)
-	served := n.server.Route("ns/vm", "migration", qemuSock)
+	served := n.server.Route("ns", "vm", "migration", qemuSock)
 	var mu sync.Mutex
 	var seen []byte
 	f := n.forward(t, context.Background(), "migration", func(b []byte) { mu.Lock(); seen = append(seen, b...); mu.Unlock() })
@@ -140,9 +155,9 @@ func TestUnknownStreamIsRefusedAndUnrouteCuts(t *testing.T) {
 
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
 	echo(t, qemuSock)
-	n.server.Route("ns/vm", "nbd", qemuSock)
+	n.server.Route("ns", "vm", "nbd", qemuSock)
 	c = openStream(t, f.Path)
-	n.server.Unroute("ns/vm", "nbd")
+	n.server.Unroute("ns", "vm", "nbd")
 	if !closed(c) {
 		t.Fatal("Unroute did not cut the open stream")
 	}
@@ -152,7 +167,7 @@ func TestForwardCutsItsStreamsWhenStopped(t *testing.T) {
 	n := newNodes(t)
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
 	echo(t, qemuSock)
-	n.server.Route("ns/vm", "mirror", qemuSock)
+	n.server.Route("ns", "vm", "mirror", qemuSock)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := n.forward(t, ctx, "mirror", nil)
 	c := openStream(t, f.Path)
@@ -166,7 +181,7 @@ func TestPeerWithoutCertificateIsRefused(t *testing.T) {
 	n := newNodes(t)
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
 	echo(t, qemuSock)
-	n.server.Route("ns/vm", "migration", qemuSock)
+	n.server.Route("ns", "vm", "migration", qemuSock)
 	raw, err := net.Dial("tcp", n.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +197,7 @@ func TestPeerWithoutCertificateIsRefused(t *testing.T) {
 
 func TestProbe(t *testing.T) {
 	n := newNodes(t)
-	if err := relay.Probe(context.Background(), n.addr, n.tlsA, nil); err != nil {
+	if err := relay.Probe(context.Background(), n.target(), n.tlsA, nil); err != nil {
 		t.Fatalf("probe of a live server: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -191,7 +206,40 @@ func TestProbe(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	_ = ln.Close()
-	if err := relay.Probe(context.Background(), dead, n.tlsA, nil); err == nil {
+	if err := relay.Probe(context.Background(), relay.Target{Addr: dead}, n.tlsA, nil); err == nil {
 		t.Fatal("probe of a closed port succeeded")
+	}
+}
+
+// TestOnlyThePairsOtherNodeReachesItsStreams: node-b's server refuses the streams of its pair to
+// a third node's lockstepd, and a forward refuses a server that is not the node it expects,
+// although every certificate is signed by the same CA.
+func TestOnlyThePairsOtherNodeReachesItsStreams(t *testing.T) {
+	n := newNodes(t)
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	n.server.Route("ns", "vm", "migration", qemuSock)
+	third := &relay.Forward{Stream: "migration", Path: filepath.Join(n.dir, "third.fwd"), Peer: n.target, TLS: n.ca.TLSConfig(t, "node-c")}
+	if err := third.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", third.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Write([]byte("x"))
+	if !closed(c) {
+		t.Fatal("a third node's lockstepd reached the pair's stream")
+	}
+	if n.server.Refused() == 0 {
+		t.Fatal("the server counted no refusal")
+	}
+	wrong := n.target()
+	wrong.Node = "node-x"
+	if err := relay.Probe(context.Background(), wrong, n.tlsA, nil); !errors.Is(err, nodecert.ErrWrongNode) {
+		t.Fatalf("a probe that expects node-x of node-b's server: %v", err)
+	}
+	if err := relay.Probe(context.Background(), n.target(), n.tlsA, nil); err != nil {
+		t.Fatalf("the pair's own node: %v", err)
 	}
 }

@@ -139,7 +139,7 @@ func newCluster(t testing.TB, n int) *cluster {
 	for i := range n {
 		nd := &node{name: fmt.Sprintf("dp%d-%c", id, 'a'+i), leaf: c.star.Leaves[i], data: c.star.Data[i], vm: c.star.VM[i]}
 		nd.tlsDir = filepath.Join(c.dir, nd.name+"-tls")
-		ca.WriteFiles(t, nd.tlsDir, "lockstepd")
+		ca.WriteFiles(t, nd.tlsDir, nd.name)
 		nd.trace = filepath.Join(c.dir, nd.name+".trace")
 		var err error
 		if nd.proxy, err = c.proxy.CreateProxy(nd.name, nd.advertise(), nd.data.AAddr+":7410"); err != nil {

@@ -54,33 +54,7 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = k8s.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}) })
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: "lockstepd-a"},
-		Spec: corev1.PodSpec{NodeName: own, ServiceAccountName: "lockstepd", Containers: []corev1.Container{{Name: "lockstepd", Image: "lockstepd"}}}}
-	if err := k8s.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	cs := kubernetes.NewForConfigOrDie(restCfg)
-	token := func(bound bool) string {
-		req := &authenticationv1.TokenRequest{}
-		if bound {
-			req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
-		}
-		tr, err := cs.CoreV1().ServiceAccounts("lockstep-system").CreateToken(ctx, "lockstepd", req, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("token request: %v", err)
-		}
-		return tr.Status.Token
-	}
-	as := func(tok string) client.Client {
-		cfg := rest.AnonymousClientConfig(restCfg)
-		cfg.BearerToken = tok
-		c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	lsd := as(token(true))
+	lsd, unbound := lockstepdOf(t, "lockstepd-a", own)
 
 	vmis := map[string]*virtv1.VirtualMachineInstance{}
 	for _, n := range []string{own, other} {
@@ -158,8 +132,37 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		t.Errorf("its own report again, beside the other node's: %v", err)
 	}
 
-	unbound := as(token(false))
 	denied("a token not bound to its pod", "bound to its pod", unbound.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, annotate(ftv1.AnnotationNodeLoggingAddress, "10.9.9.1:7410")))
+}
+
+// lockstepdOf makes the pod of a lockstepd on node, and returns clients of lockstepd's
+// ServiceAccount with a token bound to that pod (as the kubelet mounts it) and with one bound to
+// nothing.
+func lockstepdOf(t *testing.T, podName, node string) (bound, unbound client.Client) {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: podName},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "lockstepd", Containers: []corev1.Container{{Name: "lockstepd", Image: "lockstepd"}}}}
+	if err := k8s.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), pod) })
+	cs := kubernetes.NewForConfigOrDie(restCfg)
+	as := func(req *authenticationv1.TokenRequest) client.Client {
+		tr, err := cs.CoreV1().ServiceAccounts("lockstep-system").CreateToken(ctx, "lockstepd", req, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("token request: %v", err)
+		}
+		cfg := rest.AnonymousClientConfig(restCfg)
+		cfg.BearerToken = tr.Status.Token
+		c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ref := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	return as(&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: ref}}), as(&authenticationv1.TokenRequest{})
 }
 
 // applyFile applies every object of a YAML file to the API server (server-side apply).

@@ -1,6 +1,6 @@
-// Package pki makes, in memory, the CA and certificates that cert-manager issues to lockstepd in
-// a cluster, for tests: TLS configurations, or the files cert-manager mounts (tls.crt, tls.key,
-// ca.crt).
+// Package pki makes, in memory, a CA and the per-node certificates that the operator's signer
+// issues to lockstepd in a cluster, for tests: TLS configurations, or the files lockstepd reads
+// (tls.crt, tls.key, ca.crt).
 package pki
 
 import (
@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/nodecert"
 )
 
 // CA is a certificate authority.
@@ -48,16 +50,17 @@ func New(tb testing.TB, name string) *CA {
 	return &CA{cert: cert, key: key, Pool: pool}
 }
 
-// issue makes a server-and-client certificate for name (a DNS name), valid for any address.
-func (ca *CA) issue(tb testing.TB, name string) ([]byte, *ecdsa.PrivateKey) {
+// issue makes a server-and-client certificate for node's lockstepd, as the operator's signer
+// issues it (its common name names the node; nodecert), with the DNS name "lockstepd".
+func (ca *CA) issue(tb testing.TB, node string) ([]byte, *ecdsa.PrivateKey) {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		DNSNames: []string{name}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: nodecert.CommonName(node)},
+		DNSNames: []string{"lockstepd"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
@@ -69,22 +72,23 @@ func (ca *CA) issue(tb testing.TB, name string) ([]byte, *ecdsa.PrivateKey) {
 	return der, key
 }
 
-// TLSConfig issues a certificate for name and returns a TLS configuration that presents it,
+// TLSConfig issues a certificate for node and returns a TLS configuration that presents it,
 // trusts only this CA and expects the peer to be named "lockstepd".
-func (ca *CA) TLSConfig(tb testing.TB, name string) *tls.Config {
+func (ca *CA) TLSConfig(tb testing.TB, node string) *tls.Config {
 	tb.Helper()
-	der, key := ca.issue(tb, name)
+	der, key := ca.issue(tb, node)
 	return &tls.Config{
 		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
 		RootCAs:      ca.Pool, ClientCAs: ca.Pool, ServerName: "lockstepd",
 	}
 }
 
-// WriteFiles issues a certificate for name and writes tls.crt, tls.key and ca.crt into dir, as
-// cert-manager's Secret is mounted.
-func (ca *CA) WriteFiles(tb testing.TB, dir, name string) {
+// WriteFiles issues a certificate for node and writes tls.crt, tls.key and ca.crt into dir, as
+// lockstepd keeps them (its certificate and key, and the CA's certificate that the operator
+// publishes).
+func (ca *CA) WriteFiles(tb testing.TB, dir, node string) {
 	tb.Helper()
-	der, key := ca.issue(tb, name)
+	der, key := ca.issue(tb, node)
 	kb, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		tb.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/apitest"
@@ -36,7 +37,8 @@ import (
 // over the logging interface alone; when that interface is cut on the secondary's node, decide
 // the pair over the record (one side goes on, the other is fenced and its VMI deleted); protect
 // again with a new secondary; and, when the primary's QEMU is killed, make the secondary go live
-// on its own decision and move the pair's record to it.
+// on its own decision and move the pair's record to it. A third node's lockstepd is refused by
+// both members.
 func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	c := newClusterOf(t, 3, false)
 	env, cfg, k8s, err := apitest.Start(root)
@@ -99,6 +101,18 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	for range 5 {
 		cl.next("the primary serves under COLO", time.Minute)
 	}
+	// A third node's lockstepd, whose certificate the same CA signed, is refused by both
+	// members: its streams into either side's QEMU (the secondary's disk replica, the primary's
+	// packet comparison) and its FT log to the secondary, and each refusal is counted.
+	in := c.intruder(c.nodes[2])
+	refusedP, refusedS := c.refused(p.node), c.refused(s.node)
+	if in.stream(s, colo.StreamNBD) || in.stream(p, colo.StreamCompare) || in.log(s.node) {
+		t.Fatal("a third node's lockstepd reached the pair")
+	}
+	if c.refused(p.node) <= refusedP || c.refused(s.node) < refusedS+2 {
+		t.Fatalf("the refusals were not counted: primary's node %v → %v, secondary's %v → %v", refusedP, c.refused(p.node), refusedS, c.refused(s.node))
+	}
+	cl.next("the primary serves under COLO after the third node was refused", time.Minute)
 	// The streams and the FT log use the logging interface and no other: under load, lg carries
 	// the checkpoints while host0, the node's own network (and its default route), carries
 	// nothing; cutting host0 on both nodes changes nothing for the pair.
@@ -213,7 +227,7 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config) {
 	apiFwd, _ := testnet.Forward(t, n.ns, "127.0.0.1:6443", "", strings.TrimSuffix(strings.TrimPrefix(cfg.Host, "https://"), "/"))
 	kubeconfig := apitest.WriteKubeconfig(t, cfg, c.dir, n.name, apiFwd)
 	tlsDir := filepath.Join(c.dir, n.name+"-tls")
-	c.ca.WriteFiles(t, tlsDir, "lockstepd")
+	c.ca.WriteFiles(t, tlsDir, n.name)
 	args := []string{"netns", "exec", n.ns, bin,
 		// Only the logging interface: lockstepd binds its listeners there and advertises its address.
 		"--node-name", n.name, "--logging-interface", "lg", "--listen-address", ":7000", "--stream-listen-address", ":7001",

@@ -187,7 +187,7 @@ func (c *cluster) startNode(n *node) {
 	cfg.Heartbeat, cfg.Timeout, cfg.Detect, cfg.ClaimTimeout = heartbeat, timeout, detect, 2*time.Second
 	cfg.PaceThreshold = 0
 	n.lsd = &lockstepd.Node{
-		Config: cfg, TLS: c.ca.TLSConfig(t, "lockstepd"), Dial: dialFrom(n),
+		Config: cfg, TLS: c.ca.TLSConfig(t, n.name), Dial: dialFrom(n),
 		NewEngine: coloengine.Factory(coloengine.Options{
 			Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
 			AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
@@ -272,7 +272,7 @@ func (c *cluster) start(n *node, primary bool, peer *member) *member {
 	t.Cleanup(cancel)
 	c.attachLockstepd(ctx, m)
 	if peer != nil {
-		m.agent.SetPeer(ctx, agent.Peer{VMI: peer.name, Node: peer.node.name, Addr: peer.node.logAddr(), StreamAddr: peer.node.streamAddr()})
+		m.run.SetPeer(ctx, agent.Peer{VMI: peer.name, Node: peer.node.name, Addr: peer.node.logAddr(), StreamAddr: peer.node.streamAddr()})
 	}
 	c.members = append(c.members, m)
 	return m
@@ -347,7 +347,7 @@ func uid(t testing.TB) string {
 func (c *cluster) protect(p *member, n *node) *member {
 	c.t.Helper()
 	s := c.start(n, false, p)
-	p.agent.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()})
+	p.run.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()})
 	c.waitState(p, failover.Protected, 5*time.Minute)
 	if st := s.agent.Status(); !st.Synced {
 		c.t.Fatalf("the secondary is not synchronized once the primary is protected: %+v", st)
