@@ -44,14 +44,23 @@ func Start(root string) (*envtest.Environment, *rest.Config, client.Client, erro
 	return env, cfg, c, nil
 }
 
-// WriteKubeconfig writes dir/name.kubeconfig: cfg's credentials, with the API server reached at
-// server (host:port, a forwarder into a network namespace), and returns its path.
+// WriteKubeconfig writes dir/name.kubeconfig: cfg's credentials, or token's when it is set, with
+// the API server reached at server (host:port, a forwarder into a network namespace), and
+// returns its path.
 func WriteKubeconfig(tb testing.TB, cfg *rest.Config, dir, name, server string) string {
+	return WriteKubeconfigAs(tb, cfg, dir, name, server, "")
+}
+
+// WriteKubeconfigAs is WriteKubeconfig with a bearer token for credentials ("" : cfg's).
+func WriteKubeconfigAs(tb testing.TB, cfg *rest.Config, dir, name, server, token string) string {
 	tb.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: "https://" + server, CertificateAuthorityData: cfg.CAData, TLSServerName: "localhost"}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	if token != "" {
+		kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: token}
+	}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
 	kc.CurrentContext = "envtest"
 	p := filepath.Join(dir, name+".kubeconfig")
 	if err := clientcmd.WriteToFile(*kc, p); err != nil {

@@ -44,6 +44,9 @@ import (
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
 )
 
+// root is the repository's root.
+var root = filepath.Join("..", "..")
+
 var (
 	restCfg *rest.Config
 	k8s     client.Client
@@ -56,7 +59,6 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "the data-plane tests need root: they make network namespaces and nf_tables rules")
 		os.Exit(1)
 	}
-	root := filepath.Join("..", "..")
 	var err error
 	if binDir, err = os.MkdirTemp("", "lockstep-dataplane-"); err != nil {
 		panic(err)

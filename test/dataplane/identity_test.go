@@ -3,32 +3,22 @@
 package dataplane
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/internal/scheme"
+	"github.com/lockstep-dev/lockstep/test/apitest"
 )
 
 // TestEachLockstepdSpeaksOnlyForItsOwnNode applies config/lockstepd's RBAC and admission policy
@@ -39,14 +29,10 @@ import (
 // token not bound to a pod is refused.
 func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 	ctx := context.Background()
-	for _, ns := range []string{"lockstep-system", "identity"} {
-		if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "identity"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "admission-policy.yaml"} {
-		applyFile(t, filepath.Join("..", "..", "config", "lockstepd", f))
-	}
+	apitest.InstallIdentities(t, k8s, root)
 	own, other := "identity-node-a", "identity-node-b"
 	for _, n := range []string{own, other} {
 		if err := k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
@@ -54,7 +40,8 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = k8s.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}) })
 	}
-	lsd, unbound := lockstepdOf(t, "lockstepd-a", own)
+	boundToken, unboundToken := apitest.LockstepdPod(t, restCfg, k8s, own)
+	lsd, unbound := apitest.As(t, restCfg, boundToken), apitest.As(t, restCfg, unboundToken)
 
 	vmis := map[string]*virtv1.VirtualMachineInstance{}
 	for _, n := range []string{own, other} {
@@ -133,59 +120,4 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 	}
 
 	denied("a token not bound to its pod", "bound to its pod", unbound.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, annotate(ftv1.AnnotationNodeLoggingAddress, "10.9.9.1:7410")))
-}
-
-// lockstepdOf makes the pod of a lockstepd on node, and returns clients of lockstepd's
-// ServiceAccount with a token bound to that pod (as the kubelet mounts it) and with one bound to
-// nothing.
-func lockstepdOf(t *testing.T, podName, node string) (bound, unbound client.Client) {
-	t.Helper()
-	ctx := context.Background()
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: podName},
-		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "lockstepd", Containers: []corev1.Container{{Name: "lockstepd", Image: "lockstepd"}}}}
-	if err := k8s.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), pod) })
-	cs := kubernetes.NewForConfigOrDie(restCfg)
-	as := func(req *authenticationv1.TokenRequest) client.Client {
-		tr, err := cs.CoreV1().ServiceAccounts("lockstep-system").CreateToken(ctx, "lockstepd", req, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("token request: %v", err)
-		}
-		cfg := rest.AnonymousClientConfig(restCfg)
-		cfg.BearerToken = tr.Status.Token
-		c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	ref := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
-	return as(&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: ref}}), as(&authenticationv1.TokenRequest{})
-}
-
-// applyFile applies every object of a YAML file to the API server (server-side apply).
-func applyFile(t *testing.T, path string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return
-			}
-			t.Fatalf("%s: %v", path, err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		if err := k8s.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(&u), client.FieldOwner("dataplane-test"), client.ForceOwnership); err != nil {
-			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
-		}
-	}
 }

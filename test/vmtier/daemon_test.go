@@ -3,6 +3,7 @@
 package vmtier
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -65,11 +66,16 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
+	// As installed: lockstepd's RBAC and admission policy, the operator's signer, and on each
+	// node a lockstepd pod's bound token.
+	apitest.InstallIdentities(t, k8s, root)
+	caPEM := apitest.StartSigner(t, cfg, k8s)
 	for _, n := range c.nodes {
 		if err := k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
 			t.Fatal(err)
 		}
-		c.runLockstepd(n, bin, cfg)
+		token, _ := apitest.LockstepdPod(t, cfg, k8s, n.name)
+		c.runLockstepd(n, bin, cfg, token, caPEM)
 	}
 
 	// The primary, on node a: its VMI runs there, and its launcher starts QEMU.
@@ -219,15 +225,22 @@ func ptrString(p *string) string {
 	return *p
 }
 
-// runLockstepd runs the installed lockstepd in the node's namespace, as its DaemonSet would: its
-// own certificate files, the API server through a forwarder into the namespace, the logging
-// addresses of the node, the members' run directory. No --engine: the default is COLO.
-func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config) {
+// runLockstepd runs the installed lockstepd in the node's namespace, as its DaemonSet would: the
+// token of its pod, the API server through a forwarder into the namespace, the CA's certificate
+// (as the kubelet mounts the operator's ConfigMap), the logging addresses of the node, the
+// members' run directory. It requests its own certificate from the signer. No --engine: the
+// default is COLO.
+func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config, token string, caPEM []byte) {
 	t := c.t
 	apiFwd, _ := testnet.Forward(t, n.ns, "127.0.0.1:6443", "", strings.TrimSuffix(strings.TrimPrefix(cfg.Host, "https://"), "/"))
-	kubeconfig := apitest.WriteKubeconfig(t, cfg, c.dir, n.name, apiFwd)
-	tlsDir := filepath.Join(c.dir, n.name+"-tls")
-	c.ca.WriteFiles(t, tlsDir, n.name)
+	kubeconfig := apitest.WriteKubeconfigAs(t, cfg, c.dir, n.name, apiFwd, token)
+	tlsDir := n.tlsDir(c)
+	if err := os.MkdirAll(tlsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tlsDir, "ca.crt"), caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"netns", "exec", n.ns, bin,
 		// Only the logging interface: lockstepd binds its listeners there and advertises its address.
 		"--node-name", n.name, "--logging-interface", "lg", "--listen-address", ":7000", "--stream-listen-address", ":7001",
@@ -251,8 +264,14 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = logf.Close()
+		b, _ := os.ReadFile(logf.Name())
+		// Its RBAC and the admission policy allow everything lockstepd does for its own node.
+		for _, refusal := range []string{"is forbidden", "denied request"} {
+			if bytes.Contains(b, []byte(refusal)) {
+				t.Errorf("the API server refused a write of %s's lockstepd (%q)", n.name, refusal)
+			}
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
 			t.Logf("--- lockstepd on %s:\n%s", n.name, tail(b))
 		}
 	})
