@@ -12,6 +12,9 @@ BIN := $(CURDIR)/bin
 CONTROLLER_GEN := $(BIN)/controller-gen
 GOLANGCI_LINT := $(BIN)/golangci-lint
 GINKGO := $(BIN)/ginkgo
+BUF := $(BIN)/buf
+PROTOC_GEN_GO := $(BIN)/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(BIN)/protoc-gen-go-grpc
 KUSTOMIZE := $(BIN)/kustomize
 IMG ?= ghcr.io/lockstep-dev/lockstep-operator:dev
 
@@ -35,8 +38,9 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the Go 
 	$(CONTROLLER_GEN) rbac:roleName=lockstepd paths="./internal/lockstepd/..." output:rbac:artifacts:config=config/lockstepd/rbac
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate the deepcopy functions.
+generate: $(CONTROLLER_GEN) $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Generate the deepcopy functions and the KubeVirt hook protocols' Go code.
 	$(CONTROLLER_GEN) object paths="./api/..."
+	$(BUF) generate
 
 .PHONY: fmt
 fmt: ## go fmt.
@@ -55,9 +59,9 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
 verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or go.mod are stale, or code is unformatted.
 	go mod tidy
 	@if [ -n "$$(gofmt -l $$(git ls-files '*.go'))" ]; then echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; fi
-	@if [ -n "$$(git status --porcelain -- api config go.mod go.sum)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config internal/kubevirthook/api go.mod go.sum)" ]; then \
 		echo "generated files are stale; run 'make manifests generate' and 'go mod tidy', then commit:"; \
-		git status --porcelain -- api config go.mod go.sum; git --no-pager diff --stat -- api config go.mod go.sum; exit 1; fi
+		git status --porcelain -- api config internal/kubevirthook/api go.mod go.sum; git --no-pager diff --stat -- api config internal/kubevirthook/api go.mod go.sum; exit 1; fi
 
 ##@ Test
 
@@ -131,6 +135,7 @@ installer: manifests $(KUSTOMIZE) ## Render config/default (CRD, RBAC, operator)
 build: ## Build the binaries into bin/ (and the KubeVirt test double of the local cluster).
 	go build -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
 	go build -o $(BIN)/lockstepd ./cmd/lockstepd
+	go build -o $(BIN)/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
 	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
 
 .PHONY: run
@@ -143,6 +148,12 @@ $(CONTROLLER_GEN):
 	hack/tools.sh controller-gen
 $(GOLANGCI_LINT):
 	hack/tools.sh golangci-lint
+$(BUF):
+	hack/tools.sh buf
+$(PROTOC_GEN_GO):
+	hack/tools.sh protoc-gen-go
+$(PROTOC_GEN_GO_GRPC):
+	hack/tools.sh protoc-gen-go-grpc
 $(GINKGO):
 	hack/tools.sh ginkgo
 $(KUSTOMIZE):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs a pinned Go tool into ~/.cache/lockstep/tools/<name>@<version>/ and links it into bin/.
 #
-#   hack/tools.sh controller-gen|golangci-lint|kustomize|ginkgo ...
+#   hack/tools.sh controller-gen|golangci-lint|kustomize|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
 #
 # Reruns are instant: a tool is built once per version.
 set -euo pipefail
@@ -18,6 +18,9 @@ pkg_of() {
     kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5@v5.8.2" ;;
     kwokctl)        echo "sigs.k8s.io/kwok/cmd/kwokctl@v0.8.0" ;;
     kwok)           echo "sigs.k8s.io/kwok/cmd/kwok@v0.8.0" ;;
+    buf)            echo "github.com/bufbuild/buf/cmd/buf@v1.75.0" ;;
+    protoc-gen-go)  echo "google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12" ;;
+    protoc-gen-go-grpc) echo "google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2" ;;
     ginkgo)         echo "github.com/onsi/ginkgo/v2/ginkgo@$(cd "$ROOT" && go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)" ;;
     *) echo "unknown tool $1" >&2; return 2 ;;
   esac

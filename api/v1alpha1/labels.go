@@ -47,6 +47,10 @@ const (
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
 
+	// AnnotationReplicatedDisk, on a member VMI, names the disk that COLO replicates (default:
+	// the first disk that is neither a CD-ROM nor one of the overlays).
+	AnnotationReplicatedDisk = "ft.lockstep.dev/replicated-disk"
+
 	// AnnotationNodeLoggingAddress, on a Node, is where its lockstepd listens for FT log
 	// connections ("ip:port" on the logging network); lockstepd sets it when it starts.
 	AnnotationNodeLoggingAddress = "ft.lockstep.dev/logging-address"
@@ -64,6 +68,14 @@ const (
 
 	// Finalizer keeps a FaultTolerantVM until its members are gone.
 	Finalizer = "ft.lockstep.dev/members"
+)
+
+// DiskColoActive and DiskColoHidden are the names of a member's COLO overlays: emptyDisk volumes
+// of the replicated disk's size, which the KubeVirt hook takes out of the guest's devices and a
+// secondary's replication chain writes to until a failover merges them.
+const (
+	DiskColoActive = "colo-active"
+	DiskColoHidden = "colo-hidden"
 )
 
 // Roles of a member, the values of LabelRole.

@@ -39,21 +39,27 @@ func (vm VM) Args(name string) []string {
 		args = append(args, "-kernel", vm.Kernel, "-initrd", vm.Initrd, "-append", vm.Append)
 	}
 	if vm.Sockets.Dir != "" {
-		args = append(args, "-qmp", "unix:"+vm.Sockets.QMP()+",server=on,wait=off")
+		args = append(args, MonitorArgs(vm.Sockets)...)
 	}
 	return append(args,
 		"-serial", "file:"+vm.Serial, "-qmp", "unix:"+vm.QMP+",server=on,wait=off",
-		"-netdev", "tap,id=hn0,ifname="+vm.Tap+",script=no,downscript=no,vhost=off",
-		"-device", "rtl8139,id=e0,netdev=hn0,mac="+vm.MAC+",romfile=")
+		"-netdev", "tap,id="+netdev+",ifname="+vm.Tap+",script=no,downscript=no,vhost=off",
+		"-device", "rtl8139,id=e0,netdev="+netdev+",mac="+vm.MAC+",romfile=")
 }
+
+// netdev is the id of the test launcher's NIC backend.
+const netdev = "hn0"
+
+// DiskID is the id of the member's replicated disk: a quorum that the launcher attaches the
+// guest's disk device to (drive=colo-disk0), and to which protection adds the replication child.
+const DiskID = "colo-disk0"
 
 // PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk as
 // the only child of a quorum, to which protection adds the replication child. The VM runs from
 // the start, as a launcher starts it: the operator gave the pair's record to this member before
 // it made it.
 func PrimaryArgs(vm VM, disk string) []string {
-	return append(vm.Args("primary"),
-		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename="+disk+",children.0.driver=qcow2")
+	return append(append(vm.Args("primary"), PrimaryDiskArgs(disk, "qcow2")...), "-device", "virtio-blk-pci,drive="+DiskID)
 }
 
 // SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk
@@ -62,16 +68,52 @@ func PrimaryArgs(vm VM, disk string) []string {
 // failover merges them. Its packet streams dial the node's lockstepd, which carries them to the
 // primary; it takes the migration on its own socket.
 func SecondaryArgs(vm VM, parent, active, hidden string) []string {
-	s := vm.Sockets
-	return append(vm.Args("secondary"),
-		"-chardev", "socket,id=red0,path="+s.Path(StreamMirror)+",reconnect=1",
-		"-chardev", "socket,id=red1,path="+s.Path(StreamCompare)+",reconnect=1",
-		"-object", "filter-redirector,id=f1,netdev=hn0,queue=tx,indev=red0",
-		"-object", "filter-redirector,id=f2,netdev=hn0,queue=rx,outdev=red1",
-		"-object", "filter-rewriter,id=rew0,netdev=hn0,queue=all",
-		"-drive", "if=none,id=parent0,file.filename="+parent+",driver=qcow2",
-		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,file.driver=qcow2,top-id=colo-disk0,"+
-			"file.file.filename="+active+",file.backing.driver=qcow2,file.backing.file.filename="+hidden+",file.backing.backing=parent0",
-		"-drive", "if=virtio,id=colo-disk0,driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
-		"-incoming", "unix:"+s.Path(StreamMigration))
+	args := append(vm.Args("secondary"), SecondaryNetArgs(vm.Sockets, netdev)...)
+	args = append(args, SecondaryDiskArgs(parent, "qcow2", active, hidden)...)
+	return append(append(args, "-device", "virtio-blk-pci,drive="+DiskID), IncomingArgs(vm.Sockets)...)
+}
+
+// The pieces of a member's command line that every launcher adds the same way (the test
+// launcher above; KubeVirt's through the domain hook, internal/domainhook).
+
+// MonitorArgs is lockstepd's own QMP monitor of the member's QEMU, in the member's directory.
+func MonitorArgs(s Sockets) []string {
+	return []string{"-qmp", "unix:" + s.QMP() + ",server=on,wait=off"}
+}
+
+// PrimaryDiskArgs is the primary's disk (its image and format) as the only child of the quorum
+// DiskID, with no device: the launcher attaches the guest's disk device to it.
+func PrimaryDiskArgs(image, format string) []string {
+	return []string{"-drive", "if=none,id=" + DiskID + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename=" + image + ",children.0.driver=" + format}
+}
+
+// SecondaryDiskArgs is the secondary's replication chain, with no device: its replica of the
+// primary's disk (parent, an NBD export for the resync), the active and hidden qcow2 overlays of
+// the same size, and the quorum DiskID over them.
+func SecondaryDiskArgs(parent, format, active, hidden string) []string {
+	return []string{
+		"-drive", "if=none,id=parent0,file.filename=" + parent + ",driver=" + format,
+		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,file.driver=qcow2,top-id=" + DiskID + "," +
+			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=parent0",
+		"-drive", "if=none,id=" + DiskID + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
+	}
+}
+
+// SecondaryNetArgs are the secondary's packet filters on its NIC's backend (netdev): the
+// primary's mirrored packets come in and its own go out to the primary's comparison, through the
+// member's stream sockets, which lockstepd relays; the rewriter keeps TCP sequence numbers in
+// step after a failover.
+func SecondaryNetArgs(s Sockets, netdev string) []string {
+	return []string{
+		"-chardev", "socket,id=red0,path=" + s.Path(StreamMirror) + ",reconnect=1",
+		"-chardev", "socket,id=red1,path=" + s.Path(StreamCompare) + ",reconnect=1",
+		"-object", "filter-redirector,id=f1,netdev=" + netdev + ",queue=tx,indev=red0",
+		"-object", "filter-redirector,id=f2,netdev=" + netdev + ",queue=rx,outdev=red1",
+		"-object", "filter-rewriter,id=rew0,netdev=" + netdev + ",queue=all",
+	}
+}
+
+// IncomingArgs makes the secondary wait for the primary's state on its migration socket.
+func IncomingArgs(s Sockets) []string {
+	return []string{"-incoming", "unix:" + s.Path(StreamMigration)}
 }

@@ -1,0 +1,86 @@
+// Package kubevirthook serves internal/domainhook to KubeVirt's virt-launcher over both of
+// KubeVirt's interfaces: the hook sidecar's callbacks (v1alpha3, any KubeVirt release with the
+// Sidecar feature gate) and the Plugins API's domain hook (v1.9 and later, feature gate Plugins).
+// It reads from the VMI what the mutation needs: the member's role and directory, and its disks.
+package kubevirthook
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+
+	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/domainhook"
+)
+
+// Name is the hook's name in KubeVirt's handshake.
+const Name = "lockstep"
+
+// Hook mutates the domains of FT members.
+type Hook struct {
+	// RunDir is where the members' directories are, as QEMU sees them: <run-dir>/<vmi-uid>.
+	RunDir string
+}
+
+// aliasOf is libvirt's alias of a VMI disk in the domain KubeVirt generates.
+func aliasOf(disk string) string { return "ua-" + disk }
+
+// Mutate returns the domain of the VMI: a COLO member's if the VMI is one, else unchanged.
+func (h *Hook) Mutate(domainXML, vmiJSON []byte) ([]byte, error) {
+	vmi, m, ok, err := h.member(vmiJSON)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return domainXML, nil
+	}
+	out, err := domainhook.Mutate(domainXML, m)
+	if err != nil {
+		return nil, fmt.Errorf("making %s/%s a COLO member: %w", vmi.Namespace, vmi.Name, err)
+	}
+	return out, nil
+}
+
+// member reads the VMI and, if it is an FT member, what the mutation needs to know of it.
+func (h *Hook) member(vmiJSON []byte) (*virtv1.VirtualMachineInstance, domainhook.Member, bool, error) {
+	vmi := &virtv1.VirtualMachineInstance{}
+	if err := json.Unmarshal(vmiJSON, vmi); err != nil {
+		return nil, domainhook.Member{}, false, fmt.Errorf("the VMI does not parse: %w", err)
+	}
+	m, ok, err := h.memberOf(vmi)
+	return vmi, m, ok, err
+}
+
+// memberOf is what the mutation needs to know of a member VMI; ok is false for a VMI that is
+// not an FT member.
+func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, bool, error) {
+	role := vmi.Labels[ftv1.LabelRole]
+	if vmi.Labels[ftv1.LabelPair] == "" || (role != ftv1.RolePrimary && role != ftv1.RoleSecondary) {
+		return domainhook.Member{}, false, nil
+	}
+	if vmi.UID == "" {
+		return domainhook.Member{}, false, fmt.Errorf("member %s/%s has no UID, which names its directory", vmi.Namespace, vmi.Name)
+	}
+	disk := vmi.Annotations[ftv1.AnnotationReplicatedDisk]
+	if disk == "" {
+		for _, d := range vmi.Spec.Domain.Devices.Disks {
+			if d.CDRom == nil && d.Name != ftv1.DiskColoActive && d.Name != ftv1.DiskColoHidden {
+				disk = d.Name
+				break
+			}
+		}
+	}
+	if disk == "" {
+		return domainhook.Member{}, false, fmt.Errorf("member %s/%s has no disk to replicate", vmi.Namespace, vmi.Name)
+	}
+	return domainhook.Member{
+		Secondary: role == ftv1.RoleSecondary,
+		Sockets:   colo.Sockets{Dir: filepath.Join(h.RunDir, string(vmi.UID))},
+		Disk:      aliasOf(disk),
+		Active:    aliasOf(ftv1.DiskColoActive),
+		Hidden:    aliasOf(ftv1.DiskColoHidden),
+	}, true, nil
+}
