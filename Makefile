@@ -66,7 +66,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-dataplane test-vm test-e2e test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-dataplane test-vm test-libvirt test-e2e test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -88,7 +88,15 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 
 .PHONY: test-vm
 test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition, lockstepd restarts.
-	go test -tags vmtier -count=1 -timeout 30m -run Test -v ./test/vmtier/...
+	go test -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
+
+.PHONY: libvirt-assets
+libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the packages are cached under ~/.cache/lockstep/libvirt).
+	hack/libvirt.sh >/dev/null
+
+.PHONY: test-libvirt
+test-libvirt: vm-assets libvirt-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
+	go test -tags vmtier -count=1 -timeout 30m -run TestLibvirt -v ./test/vmtier/...
 
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.

@@ -139,12 +139,16 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // primary found no match within compareTimeout; it looks for such packets every compareTimeout/2). afterRewriter is set on a
 // primary that was a secondary: its filters must come before the filter-rewriter it kept.
 func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compareTimeout time.Duration, afterRewriter bool) error {
+	netdev, err := Netdev(ctx, q)
+	if err != nil {
+		return err
+	}
 	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
 		s.Path(StreamNBD)+",file.export=parent0,node-name=replication0"); err != nil {
 		return err
 	}
 	filter := func(typ, id string, kv ...string) step {
-		args := map[string]any{"qom-type": typ, "id": id, "netdev": "hn0"}
+		args := map[string]any{"qom-type": typ, "id": id, "netdev": netdev}
 		for i := 0; i+1 < len(kv); i += 2 {
 			args[kv[i]] = kv[i+1]
 		}
@@ -165,6 +169,33 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compa
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
 	})
+}
+
+// Netdev is the id of the backend of the VM's one NIC, which the packet filters attach to: each
+// launcher names it its own way (libvirt: "host" + the NIC's alias). It is found through QOM: the
+// NIC is the one device with a netdev property.
+func Netdev(ctx context.Context, q *qmp.Conn) (string, error) {
+	var devs []struct {
+		Name string `json:"name"`
+		Type string `json:"type"`
+	}
+	if err := q.Execute(ctx, "qom-list", map[string]any{"path": "/machine/peripheral"}, &devs); err != nil {
+		return "", err
+	}
+	var found []string
+	for _, d := range devs {
+		if !strings.HasPrefix(d.Type, "child<") {
+			continue
+		}
+		var netdev string
+		if q.Execute(ctx, "qom-get", map[string]any{"path": "/machine/peripheral/" + d.Name, "property": "netdev"}, &netdev) == nil && netdev != "" {
+			found = append(found, netdev)
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("COLO compares the packets of one NIC with an id; the VM has %d (%v)", len(found), found)
+	}
+	return found[0], nil
 }
 
 // Connected reports whether the chardevs ids have a peer connected.

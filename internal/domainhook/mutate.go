@@ -6,8 +6,9 @@
 //
 // libvirt models none of this, so it goes into <qemu:commandline>. The guest's disk device stays
 // libvirt's (its address and model are libvirt's, the same on both members); libvirt's backend of
-// it is replaced by a read-only /dev/null, and <qemu:override> points the device at the quorum,
-// so that the image is opened once, by the quorum.
+// it is replaced by a read-only /dev/null (a host_device: QEMU's file driver takes only regular
+// files), and <qemu:override> points the device at the quorum, so that the image is opened once,
+// by the quorum.
 package domainhook
 
 import (
@@ -111,7 +112,7 @@ func takeOverDisk(d *libvirtxml.Domain, alias string) (image, format string, err
 	if disk.Target == nil || disk.Target.Bus != "virtio" {
 		return "", "", fmt.Errorf("disk %s: only a virtio disk can be replicated", alias)
 	}
-	disk.Source = &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: placeholder}}
+	disk.Source = &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: placeholder}}
 	disk.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"}
 	disk.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
 	disk.BackingStore = nil

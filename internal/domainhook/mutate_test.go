@@ -163,7 +163,7 @@ func TestMutate(t *testing.T) {
 func checkTakenOver(t *testing.T, d *libvirtxml.Domain) {
 	t.Helper()
 	root := disk(d, "ua-rootdisk")
-	if root == nil || root.Source.File.File != "/dev/null" || root.ReadOnly == nil || root.Target.Dev != "vda" {
+	if root == nil || root.Source.Block == nil || root.Source.Block.Dev != "/dev/null" || root.ReadOnly == nil || root.Target.Dev != "vda" {
 		t.Fatalf("the replicated disk's device: %+v", root)
 	}
 	if d.QEMUOverride == nil || len(d.QEMUOverride.Devices) != 1 {

@@ -9,10 +9,20 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/failover"
 )
 
+// stack is how members are launched: directly by the test, or viaLibvirt (KubeVirt's way,
+// libvirt_test.go). Each scenario below runs on both.
+type stack bool
+
+const (
+	direct     stack = false
+	viaLibvirt stack = true
+)
+
 // protectedPair boots the guest on a primary on node a, serves a first reply from it alone,
 // protects it with a secondary on node b and serves five replies under COLO.
-func protectedPair(t *testing.T, nodes int) (*cluster, *client, *member, *member) {
+func protectedPair(t *testing.T, nodes int, on stack) (*cluster, *client, *member, *member) {
 	c := newCluster(t, nodes)
+	c.viaLibvirt = bool(on)
 	p := c.start(c.nodes[0], true, nil)
 	c.attach(c.nodes[0])
 	cl := &client{c: c}
@@ -47,8 +57,10 @@ func failedOver(t *testing.T, c *cluster, cl *client, p, s *member, lost time.Ti
 
 // TestColoFailoverOnKillOfThePrimaryQEMU: kill -9 of the primary's QEMU. Its lockstepd lives on
 // and fences its side; the secondary hears nothing more, wins the Lease and goes live.
-func TestColoFailoverOnKillOfThePrimaryQEMU(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 2)
+func TestColoFailoverOnKillOfThePrimaryQEMU(t *testing.T) { failoverOnKill(t, direct) }
+
+func failoverOnKill(t *testing.T, on stack) {
+	c, cl, p, s := protectedPair(t, 2, on)
 	killed := time.Now()
 	p.killQEMU()
 	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU")
@@ -57,8 +69,10 @@ func TestColoFailoverOnKillOfThePrimaryQEMU(t *testing.T) {
 
 // TestColoFailoverOnLossOfThePrimaryNode: the primary's node leaves both networks and everything
 // on it dies (QEMU and lockstepd).
-func TestColoFailoverOnLossOfThePrimaryNode(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 2)
+func TestColoFailoverOnLossOfThePrimaryNode(t *testing.T) { failoverOnNodeLoss(t, direct) }
+
+func failoverOnNodeLoss(t *testing.T, on stack) {
+	c, cl, p, s := protectedPair(t, 2, on)
 	lost := time.Now()
 	c.crashNode(p.node)
 	failedOver(t, c, cl, p, s, lost, "loss of the primary's node")
@@ -67,8 +81,10 @@ func TestColoFailoverOnLossOfThePrimaryNode(t *testing.T) {
 // TestColoReprotectionSurvivesASecondFailure: after the primary's node is lost, the live VM is
 // protected again with a new secondary on a third node (disk resync, migration into COLO), and
 // survives the loss of its QEMU too.
-func TestColoReprotectionSurvivesASecondFailure(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 3)
+func TestColoReprotectionSurvivesASecondFailure(t *testing.T) { reprotection(t, direct) }
+
+func reprotection(t *testing.T, on stack) {
+	c, cl, p, s := protectedPair(t, 3, on)
 	lost := time.Now()
 	c.crashNode(p.node)
 	failedOver(t, c, cl, p, s, lost, "loss of the primary's node")
@@ -92,8 +108,10 @@ func TestColoReprotectionSurvivesASecondFailure(t *testing.T) {
 // TestColoPartitionLetsOneSideServe cuts the logging network between two live sides. Both claim
 // the Lease; one wins and serves, the other is fenced (its QEMU killed). The client, asking all
 // along, never sees a count twice or out of order: at most one side ever served.
-func TestColoPartitionLetsOneSideServe(t *testing.T) {
-	_, cl, p, s := protectedPair(t, 2)
+func TestColoPartitionLetsOneSideServe(t *testing.T) { partition(t, direct) }
+
+func partition(t *testing.T, on stack) {
+	_, cl, p, s := protectedPair(t, 2, on)
 	ip(t, "-n", p.node.ns, "link", "set", "lg", "down")
 	winner, loser := cl.untilOneSideRuns(p, s, "the partition")
 	t.Logf("the partition was decided for %s; %s is fenced: %s", winner.name, loser.name, loser.agent.Status().Message)

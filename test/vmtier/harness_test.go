@@ -70,6 +70,8 @@ type cluster struct {
 	ca            *pki.CA
 	dir, runDir   string
 	inProcess     bool // lockstepd runs in the test process (lockstepd.Node), not as processes
+	viaLibvirt    bool // members are launched through the KubeVirt hook and a libvirt daemon each
+	hookBin       string
 	members       []*member
 	mu            sync.Mutex
 	checkpoints   []colo.Checkpoint
@@ -100,7 +102,9 @@ type member struct {
 	agent    *agent.Agent
 	vm       colo.VM
 	dir      string
-	qemu     *exec.Cmd
+	qemu     *exec.Cmd // the QEMU process when the test launched it directly
+	pid      int       // the QEMU's pid, however launched
+	lv       *libvirtd // the member's libvirt daemon, when launched through libvirt
 	exited   chan struct{}
 	launcher *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
 	cancel   context.CancelFunc
@@ -279,7 +283,7 @@ func (c *cluster) start(n *node, primary bool, peer *member) *member {
 }
 
 // launch starts the member's QEMU as its launcher would: the member's directory, its disks, the
-// command line of internal/colo's launcher contract.
+// command line of internal/colo's launcher contract (or, viaLibvirt, KubeVirt's way: launchLibvirt).
 func (c *cluster) launch(m *member) {
 	t := c.t
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
@@ -291,6 +295,27 @@ func (c *cluster) launch(m *member) {
 	for _, img := range []string{"disk.qcow2", "parent.qcow2", "active.qcow2", "hidden.qcow2"} {
 		qemuImg(t, c.qemu, "create", "-f", "qcow2", file(img), diskSize)
 	}
+	if c.viaLibvirt {
+		c.launchLibvirt(m)
+	} else {
+		c.launchDirect(m)
+	}
+	t.Cleanup(m.killQEMU)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := qmp.DialWhenUp(ctx, m.vm.QMP, m.exited)
+	if err != nil {
+		c.dump()
+		t.Fatalf("%s: %v", m.name, err)
+	}
+	m.launcher = q
+	t.Cleanup(func() { _ = q.Close() })
+}
+
+// launchDirect runs the member's QEMU as the test's own child.
+func (c *cluster) launchDirect(m *member) {
+	t := c.t
+	file := func(f string) string { return filepath.Join(m.dir, f) }
 	args := colo.SecondaryArgs(m.vm, file("parent.qcow2"), file("active.qcow2"), file("hidden.qcow2"))
 	if m.spec.Primary {
 		args = colo.PrimaryArgs(m.vm, file("disk.qcow2"))
@@ -309,17 +334,8 @@ func (c *cluster) launch(m *member) {
 	if err := m.qemu.Start(); err != nil {
 		t.Fatal(err)
 	}
+	m.pid = m.qemu.Process.Pid
 	go func() { _ = m.qemu.Wait(); close(m.exited) }()
-	t.Cleanup(m.killQEMU)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	q, err := qmp.DialWhenUp(ctx, m.vm.QMP, m.exited)
-	if err != nil {
-		c.dump()
-		t.Fatalf("%s: %v", m.name, err)
-	}
-	m.launcher = q
-	t.Cleanup(func() { _ = q.Close() })
 }
 
 // attachLockstepd runs the member on its node's lockstepd, with the pair's record as the lease
@@ -548,8 +564,8 @@ func testLogger(t testing.TB, name string) logr.Logger {
 // killQEMU kills member m's QEMU (kill -9), as a crash of the VM process, and waits until it is
 // gone.
 func (m *member) killQEMU() {
-	if m.qemu != nil && m.qemu.Process != nil {
-		_ = m.qemu.Process.Signal(syscall.SIGKILL)
+	if m.pid != 0 {
+		_ = syscall.Kill(m.pid, syscall.SIGKILL)
 		<-m.exited
 	}
 }
@@ -598,6 +614,9 @@ func (c *cluster) crashNode(n *node) {
 	for _, m := range c.members {
 		if m.node == n {
 			m.killQEMU()
+			if m.lv != nil {
+				m.lv.kill()
+			}
 		}
 	}
 	c.stopLockstepd(n)

@@ -21,7 +21,7 @@ import (
 //     lockstepd reclaims the record before the secondary hears the silence; else the secondary
 //     goes live) and the other is fenced, its QEMU stopped.
 func TestColoSurvivesLockstepdRestarts(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 2)
+	c, cl, p, s := protectedPair(t, 2, direct)
 
 	c.restartLockstepd(s.node)
 	c.waitState(s, failover.Fenced, time.Minute)
