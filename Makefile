@@ -107,7 +107,7 @@ test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (defa
 	go test -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench
-bench: envtest-assets test-crds vm-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU.
+bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt.
 	{ go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ && \
 	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/ && \
 	  go test -tags vmtier -run '^$$' -bench ColoFailover -benchtime 1x -timeout 60m -v ./test/vmtier/; } | go run ./hack/benchreport

@@ -18,13 +18,21 @@ import (
 // interval and the replication bandwidth of an idle and a busy guest, then FAILOVERS (default 10)
 // failovers in a row, each a kill -9 of the primary's QEMU followed by the re-protection of the
 // live VM with a new secondary on the node that lost its QEMU. Every reply is checked as in the
-// tests. It reports medians and spreads as metrics; the figures go into the note.
+// tests. It reports medians and spreads as metrics; the figures go into the note. It
+// runs on both stacks, one after the other: members launched directly, and launched as
+// KubeVirt's virt-launcher would, through the hook and libvirt.
 func BenchmarkColoFailover(b *testing.B) {
+	b.Run("direct", func(b *testing.B) { coloFailover(b, direct) })
+	b.Run("libvirt", func(b *testing.B) { coloFailover(b, viaLibvirt) })
+}
+
+func coloFailover(b *testing.B, on stack) {
 	runs := 10
 	if v, err := strconv.Atoi(os.Getenv("FAILOVERS")); err == nil && v > 0 {
 		runs = v
 	}
 	c := newCluster(b, 3)
+	c.viaLibvirt = bool(on)
 	p := c.start(c.nodes[0], true, nil)
 	c.attach(c.nodes[0])
 	cl := &client{c: c}
