@@ -1,4 +1,5 @@
-# Builds the image of the operator and of lockstepd (/lockstepd): docker build -t lockstep-operator .
+# Builds the image of the operator, of lockstepd (/lockstepd) and of the KubeVirt hook
+# (/lockstep-kubevirt-hook): docker build -t lockstep-operator .
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -8,10 +9,12 @@ COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY internal/ internal/
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstep-operator ./cmd/lockstep-operator && \
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstepd ./cmd/lockstepd
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstepd ./cmd/lockstepd && \
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
 
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/lockstep-operator /lockstep-operator
 COPY --from=build /out/lockstepd /lockstepd
+COPY --from=build /out/lockstep-kubevirt-hook /lockstep-kubevirt-hook
 USER 65532:65532
 ENTRYPOINT ["/lockstep-operator"]

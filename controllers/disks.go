@@ -83,32 +83,33 @@ func currentDisk(copies []corev1.PersistentVolumeClaim, volume, userClaim string
 // labelVolume, on a copy, names the template volume it copies.
 const labelVolume = "ft.lockstep.dev/volume"
 
-// ensureMemberClaims returns the claim of each persistent volume for a new member. A primary uses
-// the VM's current disks; a secondary gets blank copies.
+// ensureMemberClaims returns the claim of each persistent volume for a new member, and the size
+// of each. A primary uses the VM's current disks; a secondary gets blank copies.
 func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, spec *virtv1.VirtualMachineInstanceSpec,
-	memberName string, ordinal int, role string) (map[string]string, error) {
+	memberName string, ordinal int, role string) (map[string]string, map[string]resource.Quantity, error) {
 	volumes := pvcVolumes(spec)
 	if len(volumes) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	copies, err := r.diskCopies(ctx, ftvm)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	claims := map[string]string{}
+	claims, sizes := map[string]string{}, map[string]resource.Quantity{}
 	for volume, userClaim := range volumes {
 		var source corev1.PersistentVolumeClaim
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, &source); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
+				return nil, nil, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
 			}
-			return nil, err
+			return nil, nil, err
 		}
+		sizes[volume] = capacityOf(&source)
 		if role == ftv1.RolePrimary {
 			claims[volume] = currentDisk(copies, volume, userClaim)
 			if claims[volume] != userClaim {
 				if err := r.markWasPrimary(ctx, ftvm.Namespace, claims[volume]); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 			}
 			continue
@@ -132,14 +133,14 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 			},
 		}
 		if err := controllerutil.SetControllerReference(ftvm, pvc, r.Scheme); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := r.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("creating the disk copy %s: %w", name, err)
+			return nil, nil, fmt.Errorf("creating the disk copy %s: %w", name, err)
 		}
 		claims[volume] = name
 	}
-	return claims, nil
+	return claims, sizes, nil
 }
 
 // capacityOf is the size of a claim: what it got, else what it asked for.

@@ -121,11 +121,11 @@ func (nm *newMember) key(s *scope) types.NamespacedName {
 // create creates the member (and its disk copies) on node; the Placer calls it.
 func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *newMember, node string) error {
 	nm.spec.Node = node
-	claims, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role)
+	claims, sizes, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role)
 	if err != nil {
 		return err
 	}
-	nm.spec.Claims = claims
+	nm.spec.Claims, nm.spec.DiskSizes = claims, sizes
 	vmi, err := member.Build(s.ftvm, nm.tmpl, nm.spec, r.Config.Member)
 	if err != nil {
 		return err

@@ -8,7 +8,10 @@
 # qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
 # (qemu-img for the active and hidden disks) are built.
 #
-#   hack/qemu.sh     -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
+#   hack/qemu.sh                      -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
+#   hack/qemu.sh --source DIR         -> only fetches, checks and patches the source into DIR
+#   hack/qemu.sh --configure-options  -> prints the configure options
+# (the last two are for builds elsewhere: hack/virt-launcher/Dockerfile).
 #
 # The build is cached under ~/.cache/lockstep/qemu/<version>-<patch hash>/ and linked at
 # bin/qemu; a rerun is instant. A cold build took 13 minutes on 2 cores here. Build
@@ -30,6 +33,28 @@ CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enab
 ID="$QEMU_DEB_VERSION-$( (cat "${PATCHES[@]}"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
 PREFIX="$CACHE/$ID"
 
+# fetch_source DIR: Debian's source package, checked against the pinned .dsc, with Debian's
+# patches and lockstep's applied, in DIR/src.
+fetch_source() {
+  cd "$1"
+  dsc="qemu_${QEMU_DEB_VERSION}.dsc"
+  echo ">> fetching $dsc from $MIRROR" >&2
+  curl -sSfO "$MIRROR/pool/main/q/qemu/$dsc"
+  echo "$QEMU_DSC_SHA256  $dsc" | sha256sum -c --quiet - >&2
+  # The .dsc names the tarballs and their SHA-256; fetch and check each.
+  sed -n '/^Checksums-Sha256:/,/^[A-Z]/p' "$dsc" | awk 'NF==3 {print $1, $3}' | while read -r sum file; do
+    curl -sSfO "$MIRROR/pool/main/q/qemu/$file"
+    echo "$sum  $file" | sha256sum -c --quiet - >&2
+  done
+  dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
+  for p in "${PATCHES[@]}"; do (cd src && patch -p1 <"$p" >&2); done
+}
+
+case "${1:-}" in
+  --configure-options) echo "${CONFIGURE[*]}"; exit 0 ;;
+  --source) mkdir -p "$2" && fetch_source "$2" && exit 0 ;;
+esac
+
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
   deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev meson ninja-build pkg-config python3 dpkg-dev xz-utils curl)
   missing=()
@@ -43,18 +68,7 @@ if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
 
   work="$CACHE/src-$ID"
   rm -rf "$work" && mkdir -p "$work"
-  cd "$work"
-  dsc="qemu_${QEMU_DEB_VERSION}.dsc"
-  echo ">> fetching $dsc from $MIRROR" >&2
-  curl -sSfO "$MIRROR/pool/main/q/qemu/$dsc"
-  echo "$QEMU_DSC_SHA256  $dsc" | sha256sum -c --quiet - >&2
-  # The .dsc names the tarballs and their SHA-256; fetch and check each.
-  sed -n '/^Checksums-Sha256:/,/^[A-Z]/p' "$dsc" | awk 'NF==3 {print $1, $3}' | while read -r sum file; do
-    curl -sSfO "$MIRROR/pool/main/q/qemu/$file"
-    echo "$sum  $file" | sha256sum -c --quiet - >&2
-  done
-  dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
-  for p in "${PATCHES[@]}"; do (cd src && patch -p1 <"$p" >&2); done
+  fetch_source "$work"
   mkdir -p src/build && cd src/build
   ../configure --prefix="$PREFIX" "${CONFIGURE[@]}" >&2
   ninja >&2

@@ -42,6 +42,9 @@ func main() {
 	flag.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Parallel reconciles; placement itself is serialized.")
 	flag.StringVar(&cfg.Member.PriorityClassName, "priority-class", "lockstep-ft", "Priority class of members whose template names none.")
 	flag.BoolVar(&cfg.Member.DedicatedCPUPlacement, "dedicated-cpu-placement", false, "Pin each vCPU to a host CPU (needs the kubelet CPU manager).")
+	flag.BoolVar(&cfg.Member.COLO.Enabled, "colo", false, "Make members COLO members for lockstepd's COLO engine: the overlays, the replicated disk named for the KubeVirt hook, a secondary started paused (docs/kubevirt.md).")
+	flag.StringVar(&cfg.Member.COLO.HookSidecarImage, "kubevirt-hook-image", "", "With --colo: the image of lockstep-kubevirt-hook, run as each member's hook sidecar (KubeVirt's Sidecar feature gate); empty where the Plugins API brings the hook.")
+	flag.StringVar(&cfg.Member.COLO.RunDir, "members-run-dir", "/var/run/lockstep", "With --colo: the members' directories as QEMU sees them (lockstepd's --run-dir).")
 	var lockstepdSA, lockstepdCA string
 	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs; empty: do not run the signer.")
 	flag.StringVar(&lockstepdCA, "lockstepd-ca", "lockstep-system/lockstepd-ca", "Secret (namespace/name) of the lockstepd CA, made when missing; its certificate is published in the ConfigMap of the same name.")

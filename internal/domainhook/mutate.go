@@ -34,6 +34,9 @@ type Member struct {
 	// replicated disk's size, which KubeVirt makes for emptyDisk volumes); the hook takes them
 	// out of the guest's devices.
 	Active, Hidden string
+	// Emulator, when set, replaces the domain's QEMU binary: a launcher image that carries
+	// lockstep's QEMU beside its own (hack/virt-launcher).
+	Emulator string
 }
 
 // placeholder is the backend libvirt keeps for the replicated disk's device.
@@ -76,6 +79,9 @@ func Mutate(domainXML []byte, m Member) ([]byte, error) {
 		args = append(args, colo.SecondaryNetArgs(m.Sockets, netdev)...)
 		args = append(args, colo.SecondaryDiskArgs(image, format, active, hidden)...)
 		args = append(args, colo.IncomingArgs(m.Sockets)...)
+	}
+	if m.Emulator != "" {
+		d.Devices.Emulator = m.Emulator
 	}
 	if d.QEMUCommandline == nil {
 		d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{}

@@ -113,6 +113,15 @@ func TestMutate(t *testing.T) {
 		checkTakenOver(t, d)
 	})
 
+	t.Run("emulator", func(t *testing.T) {
+		m := member(false)
+		m.Emulator = "/usr/local/lockstep/bin/qemu-system-x86_64"
+		d, err := mutate(t, in, m)
+		if err != nil || d.Devices.Emulator != m.Emulator {
+			t.Fatalf("emulator %q (%v)", d.Devices.Emulator, err)
+		}
+	})
+
 	t.Run("the guest's devices are the same on both members", func(t *testing.T) {
 		// Both VMIs carry the overlays; neither guest sees them.
 		p, _ := mutate(t, in, member(false))

@@ -23,6 +23,8 @@ const Name = "lockstep"
 type Hook struct {
 	// RunDir is where the members' directories are, as QEMU sees them: <run-dir>/<vmi-uid>.
 	RunDir string
+	// Emulator, when set, is the QEMU binary members run (lockstep's, in the launcher image).
+	Emulator string
 }
 
 // aliasOf is libvirt's alias of a VMI disk in the domain KubeVirt generates.
@@ -82,5 +84,6 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 		Disk:      aliasOf(disk),
 		Active:    aliasOf(ftv1.DiskColoActive),
 		Hidden:    aliasOf(ftv1.DiskColoHidden),
+		Emulator:  h.Emulator,
 	}, true, nil
 }

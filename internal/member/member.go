@@ -34,6 +34,8 @@ type Options struct {
 	PriorityClassName string
 	// DedicatedCPUPlacement pins each vCPU to a host CPU; the cluster must run the CPU manager.
 	DedicatedCPUPlacement bool
+	// COLO makes members COLO members for lockstepd's COLO engine and the KubeVirt hook.
+	COLO COLO
 }
 
 // Member is what the controller decided for one member.
@@ -43,7 +45,9 @@ type Member struct {
 	Node    string
 	// Claims maps a volume name to the claim this member uses for it (its own copy of the disk).
 	Claims map[string]string
-	Since  time.Time
+	// DiskSizes maps a volume name to the size of its claim.
+	DiskSizes map[string]resource.Quantity
+	Since     time.Time
 	// LogBandwidthMbps is the logging bandwidth placement reserved for the member.
 	LogBandwidthMbps int
 	// Epoch, on a primary, is the epoch of the pair's record at which it took the role.
@@ -165,6 +169,11 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	}
 	if m.Follows != "" {
 		vmi.Annotations[ftv1.AnnotationFollows] = m.Follows
+	}
+	if opts.COLO.Enabled {
+		if err := applyCOLO(vmi, m, opts.COLO); err != nil {
+			return nil, err
+		}
 	}
 	return vmi, nil
 }

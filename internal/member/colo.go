@@ -1,0 +1,85 @@
+package member
+
+import (
+	"encoding/json"
+	"fmt"
+
+	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+// COLO is what a member VMI needs for lockstepd's COLO engine (docs/kubevirt.md).
+type COLO struct {
+	// Enabled makes members COLO members: the overlays, the replicated disk named, a secondary
+	// started paused.
+	Enabled bool
+	// HookSidecarImage is the image of cmd/lockstep-kubevirt-hook, run as each member's hook
+	// sidecar (KubeVirt's Sidecar feature gate); empty where the Plugins API brings the hook.
+	HookSidecarImage string
+	// RunDir is the members' directories' root as QEMU sees it (the hook's --run-dir).
+	RunDir string
+}
+
+// HookSidecarsAnnotation is KubeVirt's annotation that lists a VMI's hook sidecars.
+const HookSidecarsAnnotation = "hooks.kubevirt.io/hookSidecars"
+
+// hookSocket is where the hook sidecar serves, in the directory virt-launcher scans.
+const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
+
+// applyCOLO adds to a member's VMI what the KubeVirt hook reads and COLO needs:
+//   - the replicated disk, named in AnnotationReplicatedDisk;
+//   - the two overlays, DiskColoActive and DiskColoHidden: emptyDisk volumes of the replicated
+//     disk's size, on every member so that both VMIs keep one spec (the hook never shows them
+//     to the guest);
+//   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
+//     KubeVirt nor libvirt may resume it;
+//   - the hook sidecar, when an image is configured.
+func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
+	spec := &vmi.Spec
+	disk, volume, err := replicatedDisk(spec)
+	if err != nil {
+		return err
+	}
+	size, ok := m.DiskSizes[volume]
+	if !ok || size.IsZero() {
+		return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
+	}
+	vmi.Annotations[ftv1.AnnotationReplicatedDisk] = disk
+	for _, name := range []string{ftv1.DiskColoActive, ftv1.DiskColoHidden} {
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, virtv1.Disk{Name: name, DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}})
+		spec.Volumes = append(spec.Volumes, virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{Capacity: size.DeepCopy()}}})
+	}
+	if m.Role == ftv1.RoleSecondary {
+		paused := virtv1.StartStrategyPaused
+		spec.StartStrategy = &paused
+	}
+	if c.HookSidecarImage != "" {
+		args := []string{"--sidecar-socket", hookSocket}
+		if c.RunDir != "" {
+			args = append(args, "--run-dir", c.RunDir)
+		}
+		raw, err := json.Marshal([]map[string]any{{"image": c.HookSidecarImage, "args": args}})
+		if err != nil {
+			return err
+		}
+		vmi.Annotations[HookSidecarsAnnotation] = string(raw)
+	}
+	return nil
+}
+
+// replicatedDisk is the disk COLO replicates, and its volume: the first volume backed by a claim
+// whose disk (KubeVirt gives a volume without one a disk) is not a CD-ROM. The operator names it
+// in AnnotationReplicatedDisk for the KubeVirt hook.
+func replicatedDisk(spec *virtv1.VirtualMachineInstanceSpec) (disk, volume string, err error) {
+	cdrom := map[string]bool{}
+	for _, d := range spec.Domain.Devices.Disks {
+		cdrom[d.Name] = d.CDRom != nil
+	}
+	for _, v := range spec.Volumes {
+		if v.PersistentVolumeClaim != nil && !cdrom[v.Name] {
+			return v.Name, v.Name, nil
+		}
+	}
+	return "", "", fmt.Errorf("COLO replicates a disk on a PersistentVolumeClaim; the template has none")
+}

@@ -1,0 +1,64 @@
+package member
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+// TestCOLOMembers: with COLO on, both members carry the overlays at the replicated disk's size
+// and name that disk for the hook; only the secondary starts paused; the hook sidecar is added
+// when its image is set. A template whose disk is not a claim of known size is refused.
+func TestCOLOMembers(t *testing.T) {
+	ftvm := testFTVM()
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	opts := Options{COLO: COLO{Enabled: true, HookSidecarImage: "ghcr.io/lockstep-dev/lockstep-kubevirt-hook:dev", RunDir: "/var/run/lockstep"}}
+	disk, volume, err := replicatedDisk(&tmpl.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := resource.MustParse("10Gi")
+	build := func(role string) *virtv1.VirtualMachineInstance {
+		vmi, err := Build(ftvm, tmpl, Member{Ordinal: 1, Role: role, Node: "n1", Since: time.Unix(0, 0),
+			DiskSizes: map[string]resource.Quantity{volume: size}}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vmi
+	}
+	p, s := build(ftv1.RolePrimary), build(ftv1.RoleSecondary)
+	for _, vmi := range []*virtv1.VirtualMachineInstance{p, s} {
+		if vmi.Annotations[ftv1.AnnotationReplicatedDisk] != disk {
+			t.Errorf("%s: replicated disk %q, want %q", vmi.Labels[ftv1.LabelRole], vmi.Annotations[ftv1.AnnotationReplicatedDisk], disk)
+		}
+		found := 0
+		for _, v := range vmi.Spec.Volumes {
+			if (v.Name == ftv1.DiskColoActive || v.Name == ftv1.DiskColoHidden) && v.EmptyDisk != nil && v.EmptyDisk.Capacity.Cmp(size) == 0 {
+				found++
+			}
+		}
+		if found != 2 {
+			t.Errorf("%s: the overlays are not emptyDisks of %s: %+v", vmi.Labels[ftv1.LabelRole], size.String(), vmi.Spec.Volumes)
+		}
+		var sidecars []struct {
+			Image string   `json:"image"`
+			Args  []string `json:"args"`
+		}
+		if err := json.Unmarshal([]byte(vmi.Annotations[HookSidecarsAnnotation]), &sidecars); err != nil || len(sidecars) != 1 ||
+			sidecars[0].Image != opts.COLO.HookSidecarImage || !strings.Contains(strings.Join(sidecars[0].Args, " "), "--run-dir /var/run/lockstep") {
+			t.Errorf("hook sidecar: %q (%v)", vmi.Annotations[HookSidecarsAnnotation], err)
+		}
+	}
+	if p.Spec.StartStrategy != nil || s.Spec.StartStrategy == nil || *s.Spec.StartStrategy != virtv1.StartStrategyPaused {
+		t.Errorf("start strategies: primary %v, secondary %v", p.Spec.StartStrategy, s.Spec.StartStrategy)
+	}
+	if _, err := Build(ftvm, tmpl, Member{Role: ftv1.RolePrimary, Node: "n1"}, opts); err == nil || !strings.Contains(err.Error(), "whose claim's size is not known") {
+		t.Errorf("a disk of unknown size: %v", err)
+	}
+}
