@@ -44,6 +44,7 @@ func main() {
 	flag.BoolVar(&cfg.Member.DedicatedCPUPlacement, "dedicated-cpu-placement", false, "Pin each vCPU to a host CPU (needs the kubelet CPU manager).")
 	flag.BoolVar(&cfg.Member.COLO.Enabled, "colo", false, "Make members COLO members for lockstepd's COLO engine: the overlays, the replicated disk named for the KubeVirt hook, a secondary started paused (docs/kubevirt.md).")
 	flag.StringVar(&cfg.Member.COLO.HookSidecarImage, "kubevirt-hook-image", "", "With --colo: the image of lockstep-kubevirt-hook, run as each member's hook sidecar (KubeVirt's Sidecar feature gate); empty where the Plugins API brings the hook.")
+	flag.StringVar(&cfg.Member.COLO.CPUModel, "colo-cpu-model", "", "With --colo: the CPU model of members whose template names none (both members must show the guest the same CPU; KubeVirt's default host-model does only on identical nodes).")
 	flag.StringVar(&cfg.Member.COLO.RunDir, "members-run-dir", "/var/run/lockstep", "With --colo: the members' directories as QEMU sees them (lockstepd's --run-dir).")
 	var lockstepdSA, lockstepdCA string
 	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs; empty: do not run the signer.")

@@ -14,9 +14,13 @@ type COLO struct {
 	// Enabled makes members COLO members: the overlays, the replicated disk named, a secondary
 	// started paused.
 	Enabled bool
-	// HookSidecarImage is the image of cmd/lockstep-kubevirt-hook, run as each member's hook
-	// sidecar (KubeVirt's Sidecar feature gate); empty where the Plugins API brings the hook.
+	// HookSidecarImage is the image that carries cmd/lockstep-kubevirt-hook as
+	// /lockstep-kubevirt-hook (lockstep's image), run as each member's hook sidecar (KubeVirt's
+	// Sidecar feature gate); empty where the Plugins API brings the hook.
 	HookSidecarImage string
+	// CPUModel is given to members whose template names no CPU model: both members must show
+	// the guest the same CPU, which KubeVirt's default (host-model) does only on identical nodes.
+	CPUModel string
 	// RunDir is the members' directories' root as QEMU sees it (the hook's --run-dir).
 	RunDir string
 }
@@ -34,6 +38,7 @@ const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 //     to the guest);
 //   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
 //     KubeVirt nor libvirt may resume it;
+//   - the guest's CPU model, when the template names none and one is configured;
 //   - the hook sidecar, when an image is configured.
 func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	spec := &vmi.Spec
@@ -46,6 +51,9 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 		return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
 	}
 	vmi.Annotations[ftv1.AnnotationReplicatedDisk] = disk
+	if err := sameCPU(spec, c.CPUModel); err != nil {
+		return err
+	}
 	for _, name := range []string{ftv1.DiskColoActive, ftv1.DiskColoHidden} {
 		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, virtv1.Disk{Name: name, DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}})
 		spec.Volumes = append(spec.Volumes, virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{Capacity: size.DeepCopy()}}})
@@ -59,11 +67,26 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 		if c.RunDir != "" {
 			args = append(args, "--run-dir", c.RunDir)
 		}
-		raw, err := json.Marshal([]map[string]any{{"image": c.HookSidecarImage, "args": args}})
+		raw, err := json.Marshal([]map[string]any{{"image": c.HookSidecarImage, "command": []string{"/lockstep-kubevirt-hook"}, "args": args}})
 		if err != nil {
 			return err
 		}
 		vmi.Annotations[HookSidecarsAnnotation] = string(raw)
+	}
+	return nil
+}
+
+// sameCPU gives the guest a CPU model that both members can show it: the template's, or
+// CPUModel. host-passthrough is refused: COLO moves the VM's state between two nodes' CPUs.
+func sameCPU(spec *virtv1.VirtualMachineInstanceSpec, model string) error {
+	if spec.Domain.CPU == nil {
+		spec.Domain.CPU = &virtv1.CPU{}
+	}
+	if spec.Domain.CPU.Model == virtv1.CPUModeHostPassthrough {
+		return fmt.Errorf("CPU model %s: a COLO pair runs the VM on two nodes' CPUs; name a model both nodes have", virtv1.CPUModeHostPassthrough)
+	}
+	if spec.Domain.CPU.Model == "" {
+		spec.Domain.CPU.Model = model
 	}
 	return nil
 }

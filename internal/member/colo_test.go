@@ -18,7 +18,7 @@ import (
 func TestCOLOMembers(t *testing.T) {
 	ftvm := testFTVM()
 	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
-	opts := Options{COLO: COLO{Enabled: true, HookSidecarImage: "ghcr.io/lockstep-dev/lockstep-kubevirt-hook:dev", RunDir: "/var/run/lockstep"}}
+	opts := Options{COLO: COLO{Enabled: true, HookSidecarImage: "ghcr.io/lockstep-dev/lockstep-operator:dev", RunDir: "/var/run/lockstep", CPUModel: "Skylake-Server"}}
 	disk, volume, err := replicatedDisk(&tmpl.Spec)
 	if err != nil {
 		t.Fatal(err)
@@ -46,17 +46,28 @@ func TestCOLOMembers(t *testing.T) {
 		if found != 2 {
 			t.Errorf("%s: the overlays are not emptyDisks of %s: %+v", vmi.Labels[ftv1.LabelRole], size.String(), vmi.Spec.Volumes)
 		}
+		if vmi.Spec.Domain.CPU.Model != "Skylake-Server" {
+			t.Errorf("%s: CPU model %q", vmi.Labels[ftv1.LabelRole], vmi.Spec.Domain.CPU.Model)
+		}
 		var sidecars []struct {
-			Image string   `json:"image"`
-			Args  []string `json:"args"`
+			Image   string   `json:"image"`
+			Command []string `json:"command"`
+			Args    []string `json:"args"`
 		}
 		if err := json.Unmarshal([]byte(vmi.Annotations[HookSidecarsAnnotation]), &sidecars); err != nil || len(sidecars) != 1 ||
-			sidecars[0].Image != opts.COLO.HookSidecarImage || !strings.Contains(strings.Join(sidecars[0].Args, " "), "--run-dir /var/run/lockstep") {
+			sidecars[0].Image != opts.COLO.HookSidecarImage || len(sidecars[0].Command) != 1 || sidecars[0].Command[0] != "/lockstep-kubevirt-hook" ||
+			!strings.Contains(strings.Join(sidecars[0].Args, " "), "--run-dir /var/run/lockstep") {
 			t.Errorf("hook sidecar: %q (%v)", vmi.Annotations[HookSidecarsAnnotation], err)
 		}
 	}
 	if p.Spec.StartStrategy != nil || s.Spec.StartStrategy == nil || *s.Spec.StartStrategy != virtv1.StartStrategyPaused {
 		t.Errorf("start strategies: primary %v, secondary %v", p.Spec.StartStrategy, s.Spec.StartStrategy)
+	}
+	passthrough := *tmpl.DeepCopy()
+	passthrough.Spec.Domain.CPU = &virtv1.CPU{Model: virtv1.CPUModeHostPassthrough}
+	if _, err := Build(ftvm, passthrough, Member{Role: ftv1.RolePrimary, Node: "n1", DiskSizes: map[string]resource.Quantity{volume: size}}, opts); err == nil ||
+		!strings.Contains(err.Error(), "name a model both nodes have") {
+		t.Errorf("host-passthrough: %v", err)
 	}
 	if _, err := Build(ftvm, tmpl, Member{Role: ftv1.RolePrimary, Node: "n1"}, opts); err == nil || !strings.Contains(err.Error(), "whose claim's size is not known") {
 		t.Errorf("a disk of unknown size: %v", err)
