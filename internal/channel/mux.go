@@ -17,9 +17,8 @@ type Mux struct {
 	TLS *tls.Config
 	// Timeout bounds the handshake and the wait for the Hello.
 	Timeout time.Duration
-	// Authorize, when set, decides whether the peer's node (nodecert.PeerNode) may serve the
-	// pair its Hello names: only the node that holds the pair's other member may.
-	Authorize func(pair, node string) error
+	// Authorize, when set, decides whether the peer's node may serve the pair its Hello names.
+	Authorize nodecert.Authorizer
 
 	mu   sync.Mutex
 	byID map[string]*Secondary
@@ -62,17 +61,6 @@ func (m *Mux) Refused() uint64 {
 	return m.refused
 }
 
-func (m *Mux) authorize(c *conn, pair string) error {
-	if m.Authorize == nil {
-		return nil
-	}
-	node, err := nodecert.PeerNode(c.Conn.(*tls.Conn).ConnectionState())
-	if err != nil {
-		return err
-	}
-	return m.Authorize(pair, node)
-}
-
 // Serve accepts connections on ln until ctx ends.
 func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 	timeout := m.Timeout
@@ -85,7 +73,7 @@ func (m *Mux) Serve(ctx context.Context, ln net.Listener) error {
 			return
 		}
 		defer stopConn()
-		if err := m.authorize(c, peer.Pair); err != nil {
+		if err := m.Authorize.Check(c.Conn.(*tls.Conn).ConnectionState(), peer.Pair); err != nil {
 			m.mu.Lock()
 			m.refused++
 			m.mu.Unlock()

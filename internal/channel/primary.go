@@ -194,11 +194,7 @@ func (p *Primary) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tc := p.cfg.TLS
-	if p.cfg.PeerNode != "" {
-		tc = nodecert.Expect(tc, p.cfg.PeerNode)
-	}
-	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(tc)), p.cfg.Timeout)
+	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(nodecert.Expect(p.cfg.TLS, p.cfg.PeerNode))), p.cfg.Timeout)
 	if err != nil {
 		return err
 	}

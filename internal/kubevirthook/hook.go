@@ -14,6 +14,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/domainhook"
+	"github.com/lockstep-dev/lockstep/internal/member"
 )
 
 // Name is the hook's name in KubeVirt's handshake.
@@ -68,15 +69,10 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 	}
 	disk := vmi.Annotations[ftv1.AnnotationReplicatedDisk]
 	if disk == "" {
-		for _, d := range vmi.Spec.Domain.Devices.Disks {
-			if d.CDRom == nil && d.Name != ftv1.DiskColoActive && d.Name != ftv1.DiskColoHidden {
-				disk = d.Name
-				break
-			}
+		var err error
+		if disk, err = member.ReplicatedDisk(&vmi.Spec); err != nil {
+			return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
 		}
-	}
-	if disk == "" {
-		return domainhook.Member{}, false, fmt.Errorf("member %s/%s has no disk to replicate", vmi.Namespace, vmi.Name)
 	}
 	return domainhook.Member{
 		Secondary: role == ftv1.RoleSecondary,

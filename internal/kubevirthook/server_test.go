@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	virtv1 "kubevirt.io/api/core/v1"
 
@@ -27,10 +28,20 @@ func vmiJSON(t *testing.T, role string) []byte {
 	t.Helper()
 	vmi := virtv1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm-1", UID: "0c4e2f1a", Labels: map[string]string{ftv1.LabelPair: "vm"}},
-		Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Devices: virtv1.Devices{Disks: []virtv1.Disk{
-			{Name: "cloudinitdisk", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}},
-			{Name: "rootdisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden},
-		}}}},
+		Spec: virtv1.VirtualMachineInstanceSpec{
+			Domain: virtv1.DomainSpec{Devices: virtv1.Devices{Disks: []virtv1.Disk{
+				{Name: "cloudinitdisk", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}},
+				{Name: "rootdisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden},
+			}}},
+			// No replicated-disk annotation: the hook picks the disk as the operator would.
+			Volumes: []virtv1.Volume{
+				{Name: "cloudinitdisk", VolumeSource: virtv1.VolumeSource{CloudInitNoCloud: &virtv1.CloudInitNoCloudSource{UserData: "#cloud-config"}}},
+				{Name: "rootdisk", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-1-root"}}}},
+				{Name: ftv1.DiskColoActive, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
+				{Name: ftv1.DiskColoHidden, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
+			},
+		},
 	}
 	if role != "" {
 		vmi.Labels[ftv1.LabelRole] = role

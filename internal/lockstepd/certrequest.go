@@ -83,16 +83,9 @@ func (r *CertRequester) retry() time.Duration {
 
 // renewAt is when the current certificate is due: at two thirds of its lifetime.
 func (r *CertRequester) renewAt() (time.Time, error) {
-	cert, err := tls.LoadX509KeyPair(r.Config.CertFile, r.Config.KeyFile)
+	cert, err := ownCertificate(r.Config)
 	if err != nil {
 		return time.Time{}, err
-	}
-	node, err := nodecert.NodeOf(cert.Leaf)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if node != r.Config.NodeName {
-		return time.Time{}, fmt.Errorf("the certificate is node %q's, not this node's", node)
 	}
 	life := cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore)
 	return cert.Leaf.NotBefore.Add(life * 2 / 3), nil

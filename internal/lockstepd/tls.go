@@ -50,19 +50,28 @@ func (f *certFiles) load() (*tls.Certificate, *x509.CertPool, error) {
 	return f.cert, f.pool, nil
 }
 
-// read reads the files, and checks that the certificate names this node: peers accept a node
-// only under its own name.
-func (f *certFiles) read() (*tls.Certificate, *x509.CertPool, error) {
-	cert, err := tls.LoadX509KeyPair(f.cfg.CertFile, f.cfg.KeyFile)
+// ownCertificate reads the node's certificate and key, and checks that the certificate names this
+// node: peers accept a node only under its own name.
+func ownCertificate(cfg *Config) (tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
 	if err != nil {
-		return nil, nil, err
+		return cert, err
 	}
 	node, err := nodecert.NodeOf(cert.Leaf)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", f.cfg.CertFile, err)
+		return cert, fmt.Errorf("%s: %w", cfg.CertFile, err)
 	}
-	if node != f.cfg.NodeName {
-		return nil, nil, fmt.Errorf("%s is the certificate of node %q, not of this node %q", f.cfg.CertFile, node, f.cfg.NodeName)
+	if node != cfg.NodeName {
+		return cert, fmt.Errorf("%s is the certificate of node %q, not of this node %q", cfg.CertFile, node, cfg.NodeName)
+	}
+	return cert, nil
+}
+
+// read reads the node's certificate (ownCertificate) and the CA's.
+func (f *certFiles) read() (*tls.Certificate, *x509.CertPool, error) {
+	cert, err := ownCertificate(f.cfg)
+	if err != nil {
+		return nil, nil, err
 	}
 	ca, err := os.ReadFile(f.cfg.CAFile)
 	if err != nil {

@@ -42,11 +42,11 @@ const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 //   - the hook sidecar, when an image is configured.
 func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	spec := &vmi.Spec
-	disk, volume, err := replicatedDisk(spec)
+	disk, err := ReplicatedDisk(spec)
 	if err != nil {
 		return err
 	}
-	size, ok := m.DiskSizes[volume]
+	size, ok := m.DiskSizes[disk]
 	if !ok || size.IsZero() {
 		return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
 	}
@@ -91,18 +91,18 @@ func sameCPU(spec *virtv1.VirtualMachineInstanceSpec, model string) error {
 	return nil
 }
 
-// replicatedDisk is the disk COLO replicates, and its volume: the first volume backed by a claim
-// whose disk (KubeVirt gives a volume without one a disk) is not a CD-ROM. The operator names it
-// in AnnotationReplicatedDisk for the KubeVirt hook.
-func replicatedDisk(spec *virtv1.VirtualMachineInstanceSpec) (disk, volume string, err error) {
+// ReplicatedDisk is the disk COLO replicates (a disk is named as its volume): the first volume
+// backed by a claim whose disk (KubeVirt gives a volume without one a disk) is not a CD-ROM. The
+// operator names it in AnnotationReplicatedDisk; the KubeVirt hook falls back to it.
+func ReplicatedDisk(spec *virtv1.VirtualMachineInstanceSpec) (string, error) {
 	cdrom := map[string]bool{}
 	for _, d := range spec.Domain.Devices.Disks {
 		cdrom[d.Name] = d.CDRom != nil
 	}
 	for _, v := range spec.Volumes {
 		if v.PersistentVolumeClaim != nil && !cdrom[v.Name] {
-			return v.Name, v.Name, nil
+			return v.Name, nil
 		}
 	}
-	return "", "", fmt.Errorf("COLO replicates a disk on a PersistentVolumeClaim; the template has none")
+	return "", fmt.Errorf("COLO replicates a disk on a PersistentVolumeClaim; the template has none")
 }

@@ -19,10 +19,11 @@ func TestCOLOMembers(t *testing.T) {
 	ftvm := testFTVM()
 	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
 	opts := Options{COLO: COLO{Enabled: true, HookSidecarImage: "ghcr.io/lockstep-dev/lockstep-operator:dev", RunDir: "/var/run/lockstep", CPUModel: "Skylake-Server"}}
-	disk, volume, err := replicatedDisk(&tmpl.Spec)
+	disk, err := ReplicatedDisk(&tmpl.Spec)
 	if err != nil {
 		t.Fatal(err)
 	}
+	volume := disk
 	size := resource.MustParse("10Gi")
 	build := func(role string) *virtv1.VirtualMachineInstance {
 		vmi, err := Build(ftvm, tmpl, Member{Ordinal: 1, Role: role, Node: "n1", Since: time.Unix(0, 0),

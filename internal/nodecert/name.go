@@ -39,12 +39,33 @@ func PeerNode(cs tls.ConnectionState) (string, error) {
 	return NodeOf(cs.PeerCertificates[0])
 }
 
+// Authorizer decides whether node's lockstepd may serve pair: only the node that holds the pair's
+// other member may.
+type Authorizer func(pair, node string) error
+
+// Check applies the authorizer to the peer of a verified TLS connection; a nil Authorizer
+// accepts every peer the CA signed.
+func (a Authorizer) Check(cs tls.ConnectionState, pair string) error {
+	if a == nil {
+		return nil
+	}
+	node, err := PeerNode(cs)
+	if err != nil {
+		return err
+	}
+	return a(pair, node)
+}
+
 // ErrWrongNode is wrapped by the error of a peer that is not the node expected.
 var ErrWrongNode = errors.New("the peer is not the expected node")
 
 // Expect returns a copy of c that, on top of c's own verification, accepts only a peer whose
 // certificate names node: the dialing side of a pair knows which node holds the other member.
+// With no node it returns c: any certificate that c's CA signed.
 func Expect(c *tls.Config, node string) *tls.Config {
+	if node == "" {
+		return c
+	}
 	c = c.Clone()
 	verify := c.VerifyConnection
 	c.VerifyConnection = func(cs tls.ConnectionState) error {

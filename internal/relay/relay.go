@@ -79,9 +79,8 @@ func (cs *conns) cutAll() {
 type Server struct {
 	// TLS is the node's TLS configuration (its certificate and the CA it trusts).
 	TLS *tls.Config
-	// Authorize, when set, decides whether the peer's node (nodecert.PeerNode) may open a
-	// stream of the pair: only the node that holds the pair's other member may.
-	Authorize func(pair, node string) error
+	// Authorize, when set, decides whether the peer's node may open a stream of the pair.
+	Authorize nodecert.Authorizer
 
 	mu      sync.Mutex
 	routes  map[string]*route
@@ -93,17 +92,6 @@ func (s *Server) Refused() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.refused
-}
-
-func (s *Server) authorize(c *tls.Conn, pair string) error {
-	if s.Authorize == nil {
-		return nil
-	}
-	node, err := nodecert.PeerNode(c.ConnectionState())
-	if err != nil {
-		return err
-	}
-	return s.Authorize(pair, node)
 }
 
 type route struct {
@@ -172,7 +160,7 @@ func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
 		_ = c.Close() // no such stream here (yet): the dialing QEMU retries
 		return
 	}
-	if err := s.authorize(c, rt.pair); err != nil {
+	if err := s.Authorize.Check(c.ConnectionState(), rt.pair); err != nil {
 		s.mu.Lock()
 		s.refused++
 		s.mu.Unlock()
@@ -205,12 +193,7 @@ type Target struct {
 	Key string
 }
 
-func (t Target) tls(c *tls.Config) *tls.Config {
-	if t.Node == "" {
-		return channel.ClientTLS(c)
-	}
-	return channel.ClientTLS(nodecert.Expect(c, t.Node))
-}
+func (t Target) tls(c *tls.Config) *tls.Config { return channel.ClientTLS(nodecert.Expect(c, t.Node)) }
 
 // Forward listens on a Unix socket for the local QEMU and carries each connection to the peer.
 type Forward struct {

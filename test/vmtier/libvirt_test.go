@@ -43,6 +43,7 @@ import (
 type libvirtd struct {
 	t    testing.TB
 	dir  string
+	ns   string // the node's network namespace
 	sock string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -60,8 +61,7 @@ func (c *cluster) startLibvirtd(m *member) *libvirtd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	d := &libvirtd{t: t, dir: dir, sock: filepath.Join(dir, "run", "libvirt-sock")}
-	binds := []string{}
+	d := &libvirtd{t: t, dir: dir, ns: m.node.ns, sock: filepath.Join(dir, "run", "libvirt-sock")}
 	for sub, path := range libvirtPaths {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			t.Fatal(err)
@@ -69,7 +69,6 @@ func (c *cluster) startLibvirtd(m *member) *libvirtd {
 		if err := os.MkdirAll(path, 0o755); err != nil { // the mount point, left empty on the host
 			t.Fatal(err)
 		}
-		binds = append(binds, fmt.Sprintf("mount --bind %s %s", filepath.Join(dir, sub), path))
 	}
 	// No polkit, no TCP; QEMU as root (the project's QEMU is under /root/.cache), in the
 	// daemon's namespaces (it opens the node's tap itself), its console in files (no virtlogd).
@@ -92,7 +91,8 @@ seccomp_sandbox = 0
 stdio_handler = "file"
 clear_emulator_capabilities = 0
 `)
-	d.start(m.node.ns, strings.Join(binds, " && "))
+	t.Cleanup(d.kill) // the daemon that runs then, after any restart
+	d.start()
 	return d
 }
 
@@ -106,10 +106,14 @@ func write(t testing.TB, path, text string) {
 // start runs the daemon. It is pinned to the first CPU: libvirt keys its cache of QEMU's
 // capabilities on the CPU's CPUID, which differs between this machine's two CPUs, and would
 // probe QEMU again (4 s) whenever it ran on the other one. QEMU itself runs on both.
-func (d *libvirtd) start(ns, binds string) {
+func (d *libvirtd) start() {
+	binds := []string{}
+	for sub, path := range libvirtPaths {
+		binds = append(binds, fmt.Sprintf("mount --bind %s %s", filepath.Join(d.dir, sub), path))
+	}
 	_ = os.Remove(d.sock)
-	d.cmd = exec.Command("taskset", "-c", "0", "ip", "netns", "exec", ns, "sh", "-c",
-		binds+" && exec /usr/sbin/libvirtd -f "+filepath.Join(d.dir, "etc", "libvirtd.conf")+" -p "+filepath.Join(d.dir, "run", "libvirtd.pid"))
+	d.cmd = exec.Command("taskset", "-c", "0", "ip", "netns", "exec", d.ns, "sh", "-c",
+		strings.Join(binds, " && ")+" && exec /usr/sbin/libvirtd -f "+filepath.Join(d.dir, "etc", "libvirtd.conf")+" -p "+filepath.Join(d.dir, "run", "libvirtd.pid"))
 	logf, err := os.OpenFile(filepath.Join(d.dir, "log", "libvirtd.stdout"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		d.t.Fatal(err)
@@ -120,7 +124,6 @@ func (d *libvirtd) start(ns, binds string) {
 	}
 	d.done = make(chan struct{})
 	go func() { _ = d.cmd.Wait(); _ = logf.Close(); close(d.done) }()
-	d.t.Cleanup(d.kill)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := d.virsh("list", "--all"); err == nil {
@@ -149,13 +152,9 @@ func (d *libvirtd) kill() {
 }
 
 // restart kills the daemon and starts it again on the same state.
-func (d *libvirtd) restart(ns string) {
+func (d *libvirtd) restart() {
 	d.kill()
-	binds := []string{}
-	for sub, path := range libvirtPaths {
-		binds = append(binds, fmt.Sprintf("mount --bind %s %s", filepath.Join(d.dir, sub), path))
-	}
-	d.start(ns, strings.Join(binds, " && "))
+	d.start()
 }
 
 // virsh runs virsh against the daemon.
@@ -327,7 +326,8 @@ func memberVMIJSON(t testing.TB, m *member) []byte {
 	}
 	ns, pair, _ := strings.Cut(m.spec.Pair, "/")
 	vmi := virtv1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.name, UID: types.UID(m.spec.UID), Labels: map[string]string{ftv1.LabelPair: pair, ftv1.LabelRole: role}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.name, UID: types.UID(m.spec.UID), Labels: map[string]string{ftv1.LabelPair: pair, ftv1.LabelRole: role},
+			Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}}, // as the operator names it
 		Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Devices: virtv1.Devices{Disks: []virtv1.Disk{
 			{Name: "rootdisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden},
 		}}}},
@@ -438,8 +438,8 @@ func TestLibvirtHoldsACOLOMember(t *testing.T) {
 
 	// Both daemons restart during COLO: the QEMUs run on, the pair stays protected, checkpoints
 	// go on, and libvirt reconnects to both domains.
-	p.lv.restart(p.node.ns)
-	s.lv.restart(s.node.ns)
+	p.lv.restart()
+	s.lv.restart()
 	cp1 := c.checkpointCount()
 	for range 5 {
 		cl.next("the primary serves under COLO after both libvirt daemons restarted", time.Minute)
