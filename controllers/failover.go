@@ -104,6 +104,7 @@ func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan
 		if f.Duplicate {
 			reason = ftv1.ReasonDuplicatePrimary
 		}
+		s.suspect = append(s.suspect, s.member(f.Name).node)
 		if err := r.retire(ctx, s, s.member(f.Name), reason, f.Why); err != nil {
 			return r.retryOnRace(s, err)
 		}
@@ -117,6 +118,7 @@ func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan
 	for _, d := range plan.Drop {
 		mv := s.member(d.Name)
 		if mv.verdict.State == health.Lost {
+			s.suspect = append(s.suspect, mv.node)
 			r.Recorder.Eventf(s.ftvm, mv.vmi, corev1.EventTypeWarning, ftv1.ReasonSecondaryLost, "Replace",
 				"secondary %s on node %s lost (%s): starting a new secondary", mv.vmi.Name, mv.node, mv.verdict.Message)
 		}

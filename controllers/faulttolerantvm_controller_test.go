@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -333,6 +335,40 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI), "the live secondary is promoted")
 			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
 			Expect(eventMessages(ns, "vm", ftv1.ReasonPromoted)).To(ContainSubstring("lockstepd reports secondary " + oldSecondary.VMI))
+			// The old primary's node still looks Ready to the API server, but it just lost the
+			// primary (its host may be dying): the new secondary goes elsewhere.
+			Expect(after.Status.Secondary.Node).NotTo(Equal(oldPrimary.Node))
+		})
+
+		It("keeps a primary whose node went silent while its lockstepd reports it replicating, and fails over once the reports stop", func() {
+			p, sec := got.Status.Primary, got.Status.Secondary
+			// What the primary's lockstepd writes every few seconds while the pair replicates:
+			// its node lost only its heartbeat to the API server.
+			report := func() {
+				patch := fmt.Sprintf(`{"status":{"replication":{"primary":{"vmi":%q,"node":%q,"state":"Protected","epoch":%d,"reportTime":%q}}}}`,
+					p.VMI, p.Node, got.Status.Epoch, time.Now().UTC().Format(time.RFC3339Nano))
+				Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			}
+			report()
+			setNodeReady(p.Node, false)
+			// Well past the grace, nothing moves while the reports go on.
+			for range 5 * int(testNodeLostGrace/time.Second) {
+				time.Sleep(500 * time.Millisecond)
+				report()
+				f := getFTVM(ns, "vm")
+				Expect(f.Status.Primary).NotTo(BeNil())
+				Expect(f.Status.Primary.VMI).To(Equal(p.VMI), "no failover while lockstepd reports the pair replicating: %s", conditionsOf(f))
+				Expect(f.Status.FailoverCount).To(BeZero())
+			}
+			c := apimeta.FindStatusCondition(getFTVM(ns, "vm").Status.Conditions, ftv1.ConditionPrimaryReady)
+			Expect(c).NotTo(BeNil())
+			Expect(c.Reason).To(Equal(ftv1.ReasonNodeSilentReplicating))
+			Expect(c.Message).To(ContainSubstring("lockstepd there reported " + p.VMI + " Protected"))
+			// The reports stop (the host died after all): the node's verdict stands.
+			after := waitFor(ns, "vm", "failed over", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Primary != nil && f.Status.Primary.VMI == sec.VMI
+			})
+			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
 		})
 
 		It("follows lockstepd when its secondary wins the pair's Lease: relabels, fences the old primary, counts once", func() {

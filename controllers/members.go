@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -140,12 +141,30 @@ func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *ne
 	return nil
 }
 
-// created records a created member in the scope, the log and the events.
+// created records a created member in the scope, the log and the events, and waits until the
+// cache holds it: reconciles of one FaultTolerantVM run one at a time, so the next one then sees
+// the member, and never starts a second one in its place from a cache that trails this write.
 func (r *FaultTolerantVMReconciler) created(ctx context.Context, s *scope, nm *newMember) *memberView {
 	s.maxOrdinal = max(s.maxOrdinal, nm.spec.Ordinal)
+	r.awaitCached(ctx, nm.vmi)
 	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
 	log.FromContext(ctx).Info("created member", "vmi", nm.name, "role", nm.spec.Role, "node", nm.spec.Node)
 	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending)}}
+}
+
+// cacheSyncTimeout bounds the wait for the cache to show the operator's own create.
+const cacheSyncTimeout = 10 * time.Second
+
+// awaitCached waits until the cache holds obj (created by this reconcile), or the timeout runs out.
+func (r *FaultTolerantVMReconciler) awaitCached(ctx context.Context, obj client.Object) {
+	key := client.ObjectKeyFromObject(obj)
+	probe := obj.DeepCopyObject().(client.Object)
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, cacheSyncTimeout, true, func(ctx context.Context) (bool, error) {
+		return r.Get(ctx, key, probe) == nil, nil
+	})
+	if err != nil {
+		log.FromContext(ctx).Info("the cache does not show a member this reconcile created yet", "vmi", key.Name)
+	}
 }
 
 // startPair places and creates both members of a new pair; when only the primary fits, it starts
@@ -192,7 +211,7 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 // copies).
 func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) (*memberView, error) {
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
-	nm.req.AvoidNodes = []string{s.primary.node}
+	nm.req.AvoidNodes = append([]string{s.primary.node}, s.suspect...)
 	if key := s.ftvm.Spec.TopologyKey; key != "" {
 		var pn corev1.Node
 		if err := r.Get(ctx, types.NamespacedName{Name: s.primary.node}, &pn); err != nil {

@@ -47,10 +47,16 @@ type scope struct {
 	networkMissing string // why the logging network is not there
 	primaryErr     error  // why no primary could be started
 	secondaryErr   error  // why no secondary could be started
-	promoted       bool   // a secondary was promoted in this reconcile
-	waiting        bool   // the primary is lost and its suspect secondary is waited for
-	restart        bool   // no member can run the VM: a new pair starts from its disks
-	requeueAfter   time.Duration
+	// suspect are nodes where a member of the pair was lost or fenced, in this reconcile or
+	// while its VMI is still going: a new secondary goes elsewhere, since a node that just lost
+	// a member may be dying before the API server says so.
+	suspect      []string
+	promoted     bool // a secondary was promoted in this reconcile
+	waiting      bool // the primary is lost and its suspect secondary is waited for
+	restart      bool // no member can run the VM: a new pair starts from its disks
+	requeueAfter time.Duration
+	now          time.Time     // when the members were judged
+	grace        time.Duration // the node-lost grace they were judged with
 }
 
 func (s *scope) requeueWithin(d time.Duration) {
@@ -98,6 +104,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 		s.maxOrdinal = max(s.maxOrdinal, mv.ordinal)
 		if v.DeletionTimestamp != nil {
 			s.gone = append(s.gone, mv) // going away: it has no role any more, but its name stays taken
+			s.suspect = append(s.suspect, mv.node)
 			continue
 		}
 		s.members = append(s.members, mv)
@@ -114,6 +121,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 	if s.record, err = r.loadRecord(ctx, r.Client, ftvm); err != nil {
 		return nil, err
 	}
+	s.now, s.grace = r.Clock.Now(), r.Config.NodeLostGrace
 	s.judgeReplication()
 	return s, nil
 }
@@ -140,12 +148,30 @@ func (s *scope) judgeReplication() {
 		}
 		return mv.vmi.Name
 	}
-	pv, sv := health.FromReplication(s.ftvm.Status.Replication, name(p), name(sec))
+	rep := s.ftvm.Status.Replication
+	pv, sv := health.FromReplication(rep, name(p), name(sec))
 	if pv != nil {
 		p.verdict = *pv
 	}
 	if sv != nil {
 		sec.verdict = *sv
+	}
+	if rep == nil {
+		return
+	}
+	// A member whose node went silent runs on while its own lockstepd reports it replicating.
+	for _, mv := range []*memberView{p, sec} {
+		if mv == nil {
+			continue
+		}
+		for _, side := range []*ftv1.SideStatus{rep.Primary, rep.Secondary} {
+			if side != nil && side.VMI == mv.vmi.Name && side.Node == mv.node {
+				mv.verdict = health.Vouch(mv.verdict, side, mv.vmi.Name, s.now, s.grace)
+			}
+		}
+		if mv.verdict.Reason == health.ReasonNodeSilentReplicating {
+			s.requeueWithin(mv.verdict.RecheckAfter)
+		}
 	}
 }
 

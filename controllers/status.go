@@ -176,6 +176,9 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 	}
 	switch mv.verdict.State {
 	case health.Running:
+		if mv.verdict.Reason == health.ReasonNodeSilentReplicating {
+			return true, ftv1.ReasonNodeSilentReplicating, mv.verdict.Message
+		}
 		return true, ftv1.ReasonRunning, mv.verdict.Message
 	case health.Pending:
 		return false, ftv1.ReasonStarting, mv.verdict.Message

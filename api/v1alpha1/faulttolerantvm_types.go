@@ -57,13 +57,18 @@ const (
 
 // Condition reasons. Each names what happened, so that a person knows what to do.
 const (
-	ReasonRunning                = "Running"
-	ReasonStarting               = "Starting"
-	ReasonScheduling             = "Scheduling"
-	ReasonProtected              = "Protected"
-	ReasonHalted                 = "Halted"
-	ReasonNoEligibleNode         = "NoEligibleNode"
-	ReasonNodeLost               = "NodeLost"
+	ReasonRunning        = "Running"
+	ReasonStarting       = "Starting"
+	ReasonScheduling     = "Scheduling"
+	ReasonProtected      = "Protected"
+	ReasonHalted         = "Halted"
+	ReasonNoEligibleNode = "NoEligibleNode"
+	ReasonNodeLost       = "NodeLost"
+	// ReasonNodeSilentReplicating: the member's node stopped reporting to the API server (its
+	// kubelet or its link to the API server failed), but lockstepd on it still reports the
+	// member replicating, so the VM runs on there: check the node's kubelet and network; lockstep
+	// fails over on lockstepd's word, or when its reports stop for the node-lost grace.
+	ReasonNodeSilentReplicating  = "NodeSilentReplicating"
 	ReasonMemberFailed           = "MemberFailed"
 	ReasonPromoted               = "SecondaryPromoted"
 	ReasonPrimaryLost            = "PrimaryLost"

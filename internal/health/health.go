@@ -48,8 +48,11 @@ type Verdict struct {
 	Reason string
 	// Message says what was seen, for a person.
 	Message string
-	// RecheckAfter, for a Suspect member, is when it becomes Lost if nothing changes.
+	// RecheckAfter, for a Suspect member, is when it becomes Lost if nothing changes; for a
+	// member that lockstepd vouches for, when its word runs out.
 	RecheckAfter time.Duration
+	// Since, for a verdict on the node, is when the node stopped being Ready.
+	Since time.Time
 }
 
 // Reasons a member is lost or suspect.
@@ -59,6 +62,9 @@ const (
 	ReasonNodeUnreachable = "NodeUnreachable"
 	ReasonVMIDeleted      = "VMIDeleted"
 	ReasonVMIEnded        = "VMIEnded"
+	// ReasonNodeSilentReplicating: the member's node stopped reporting to the API server, but
+	// lockstepd on it still reports the member replicating (Vouch).
+	ReasonNodeSilentReplicating = "NodeSilentReplicating"
 )
 
 // Judge returns the verdict on a member whose VMI is vmi and whose node is node (nil when the
@@ -125,9 +131,9 @@ func judgeNode(node *corev1.Node, now time.Time, grace time.Duration) Verdict {
 	}
 	down := now.Sub(since)
 	if down >= grace {
-		return Verdict{State: Lost, Reason: reason, Message: fmt.Sprintf("node %s is %s since %s (grace %s)", node.Name, reason, since.UTC().Format(time.RFC3339), grace)}
+		return Verdict{State: Lost, Reason: reason, Since: since, Message: fmt.Sprintf("node %s is %s since %s (grace %s)", node.Name, reason, since.UTC().Format(time.RFC3339), grace)}
 	}
-	return Verdict{State: Suspect, Reason: reason, RecheckAfter: grace - down,
+	return Verdict{State: Suspect, Reason: reason, RecheckAfter: grace - down, Since: since,
 		Message: fmt.Sprintf("node %s is %s since %s; lost after %s", node.Name, reason, since.UTC().Format(time.RFC3339), grace)}
 }
 
@@ -191,4 +197,33 @@ func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI strin
 		}
 	}
 	return primary, secondary
+}
+
+// Vouch applies lockstepd's word to a member whose node stopped reporting to the API server.
+// The node lifecycle sees only the kubelet: a node that lost its link to the API server, or whose
+// kubelet stopped, looks the same as a dead one, while its VMs run on. The pair knows better: the
+// member's own lockstepd reports through the API server, and its peer hears it on the logging
+// network. So a member judged Suspect or Lost on its node's conditions alone runs on (Running,
+// ReasonNodeSilentReplicating) while side — the report of the member's own lockstepd — names
+// it, was written no earlier than the second the node went down (the API keeps seconds) and
+// within grace of now, and says it replicates: a
+// primary Protected (or Alone, with no secondary to lose), a secondary Replicating, synchronized
+// and connected. When the reports stop for grace, the node's verdict stands; when the host
+// really died, the peer's lockstepd reports it long before that (FromReplication).
+func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, now time.Time, grace time.Duration) Verdict {
+	if v.State != Suspect && v.State != Lost || v.Reason != ReasonNodeNotReady && v.Reason != ReasonNodeUnreachable {
+		return v
+	}
+	if side == nil || side.VMI != vmi || side.ReportTime.IsZero() {
+		return v
+	}
+	healthy := side.State == ftv1.SideProtected || side.State == ftv1.SideAlone ||
+		side.State == ftv1.SideReplicating && side.Synchronized && side.Connected
+	at := side.ReportTime.Time
+	if !healthy || at.Before(v.Since.Truncate(time.Second)) || now.Sub(at) >= grace {
+		return v
+	}
+	return Verdict{State: Running, Reason: ReasonNodeSilentReplicating, Since: v.Since, RecheckAfter: grace - now.Sub(at),
+		Message: fmt.Sprintf("%s; lockstepd there reported %s %s at %s: the VM runs on, and fails over only on lockstepd's word or when its reports stop for %s",
+			v.Message, vmi, side.State, at.UTC().Format(time.RFC3339), grace)}
 }

@@ -147,3 +147,48 @@ func TestFromReplication(t *testing.T) {
 		}
 	}
 }
+
+func TestVouch(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	grace := 10 * time.Second
+	downSince := now.Add(-30 * time.Second)
+	lost := Verdict{State: Lost, Reason: ReasonNodeUnreachable, Since: downSince, Message: "node n1 is NodeUnreachable"}
+	suspect := Verdict{State: Suspect, Reason: ReasonNodeNotReady, Since: now.Add(-3 * time.Second), Message: "node n1 is NodeNotReady"}
+	report := func(state ftv1.SideState, ago time.Duration) *ftv1.SideStatus {
+		return &ftv1.SideStatus{VMI: "vm-1", Node: "n1", State: state, Synchronized: true, Connected: true, ReportTime: metav1.NewTime(now.Add(-ago))}
+	}
+	for _, tc := range []struct {
+		name    string
+		v       Verdict
+		side    *ftv1.SideStatus
+		vouched bool
+	}{
+		{"a fresh Protected report after the node went down", lost, report(ftv1.SideProtected, 2*time.Second), true},
+		{"a suspect node, reported since", suspect, report(ftv1.SideProtected, time.Second), true},
+		{"a synchronized, connected secondary", lost, report(ftv1.SideReplicating, time.Second), true},
+		{"a primary alone", lost, report(ftv1.SideAlone, time.Second), true},
+		{"no report", lost, nil, false},
+		{"a report of another VMI", lost, &ftv1.SideStatus{VMI: "vm-2", State: ftv1.SideProtected, ReportTime: metav1.NewTime(now)}, false},
+		{"a report from before the node went down", lost, report(ftv1.SideProtected, 40*time.Second), false},
+		{"reports stopped for the grace", lost, &ftv1.SideStatus{VMI: "vm-1", State: ftv1.SideProtected, ReportTime: metav1.NewTime(now.Add(-grace))}, false},
+		{"a claiming side", lost, report(ftv1.SideClaiming, time.Second), false},
+		{"a fenced side", lost, report(ftv1.SideFenced, time.Second), false},
+		{"an unsynchronized secondary", lost, &ftv1.SideStatus{VMI: "vm-1", State: ftv1.SideReplicating, Connected: true, ReportTime: metav1.NewTime(now)}, false},
+		{"a deleted node", Verdict{State: Lost, Reason: ReasonNodeDeleted}, report(ftv1.SideProtected, time.Second), false},
+		{"an ended VMI", Verdict{State: Lost, Reason: ReasonVMIEnded}, report(ftv1.SideProtected, time.Second), false},
+		{"a running member", Verdict{State: Running, Reason: "Running"}, report(ftv1.SideProtected, time.Second), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Vouch(tc.v, tc.side, "vm-1", now, grace)
+			if vouched := got.Reason == ReasonNodeSilentReplicating; vouched != tc.vouched {
+				t.Fatalf("vouched %v, want %v: %+v", vouched, tc.vouched, got)
+			}
+			if tc.vouched && (got.State != Running || got.RecheckAfter <= 0 || got.RecheckAfter > grace) {
+				t.Fatalf("a vouched member runs, and is judged again when the report runs out: %+v", got)
+			}
+			if !tc.vouched && got != tc.v {
+				t.Fatalf("the verdict changed: %+v", got)
+			}
+		})
+	}
+}
