@@ -43,5 +43,6 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ]; then
   cp kernel/boot/vmlinuz-* "$OUT.tmp/vmlinuz"
   rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 fi
+mkdir -p "$ROOT/bin"
 ln -sfn "$OUT" "$ROOT/bin/guest"
 echo "$OUT"

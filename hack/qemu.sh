@@ -90,5 +90,6 @@ if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
   cp -r "$fw/x/usr/share/qemu" "$PREFIX/firmware/qemu"
   rm -rf "$fw"
 fi
+mkdir -p "$ROOT/bin"
 ln -sfn "$PREFIX" "$ROOT/bin/qemu"
 echo "$PREFIX"

@@ -11,20 +11,18 @@
 package vmtier
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/counter"
 )
 
 var root = filepath.Join("..", "..")
@@ -50,32 +48,11 @@ func guestVM(qemu, guest, dir, name, addr string) colo.VM {
 	}
 }
 
-var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
-
-// ask sends one request to the guest's counter from the client namespace.
+// ask sends one request to the guest's counter from the client namespace (test/counter, the
+// client every tier uses).
 func ask(ns, addr string) (count int, bootID string, disk int, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := testnet.DialContext(ctx, ns, "tcp", addr)
-	if err != nil {
-		return 0, "", 0, err
-	}
-	defer func() { _ = c.Close() }()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := c.Write([]byte("next\n")); err != nil {
-		return 0, "", 0, err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return 0, "", 0, err
-	}
-	m := reply.FindStringSubmatch(line)
-	if m == nil {
-		return 0, "", 0, fmt.Errorf("unexpected reply %q", line)
-	}
-	count, _ = strconv.Atoi(m[1])
-	disk, _ = strconv.Atoi(m[3])
-	return count, m[2], disk, nil
+	r, err := counter.Ask(context.Background(), ns, addr)
+	return r.Count, r.BootID, r.Disk, err
 }
 
 func ip(t testing.TB, args ...string) {

@@ -30,6 +30,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
+	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
 
 // The pair pairs the VM tier runs with: detection within half a second, a checkpoint at least
@@ -102,9 +103,9 @@ type member struct {
 	agent    *agent.Agent
 	vm       colo.VM
 	dir      string
-	qemu     *exec.Cmd // the QEMU process when the test launched it directly
-	pid      int       // the QEMU's pid, however launched
-	lv       *libvirtd // the member's libvirt daemon, when launched through libvirt
+	qemu     *exec.Cmd              // the QEMU process when the test launched it directly
+	pid      int                    // the QEMU's pid, however launched
+	lv       *virtlauncher.Libvirtd // the member's libvirt daemon, when launched through libvirt
 	exited   chan struct{}
 	launcher *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
 	cancel   context.CancelFunc
@@ -615,7 +616,7 @@ func (c *cluster) crashNode(n *node) {
 		if m.node == n {
 			m.killQEMU()
 			if m.lv != nil {
-				m.lv.kill()
+				m.lv.Kill()
 			}
 		}
 	}

@@ -1,0 +1,138 @@
+package virtlauncher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+// Member is what virt-launcher has of a member VMI when it starts its domain.
+type Member struct {
+	// VMI is the VMI as virt-launcher sends it to the hook.
+	VMI *virtv1.VirtualMachineInstance
+	// Domain is the domain before the hook.
+	Domain DomainSpec
+	// NetNS is the node's network namespace, where the daemon and QEMU run.
+	NetNS string
+	// StateDir holds the hook's socket and the daemon's state (short: socket paths end at 107
+	// bytes). HookBin is the hook binary; RunDir the members' directory it is given; Log the
+	// directory for the hook's log and the domain's XML.
+	StateDir, HookBin, RunDir, Log string
+	// Paused starts the domain paused: the secondary's VMI has startStrategy Paused (it waits
+	// for its primary's state, and libvirt must not resume it).
+	Paused bool
+}
+
+// Launched is a member's running domain.
+type Launched struct {
+	Libvirtd *Libvirtd
+	Hook     *Hook
+	Domain   string
+	// PID is QEMU's; Exited closes when it is gone.
+	PID    int
+	Exited chan struct{}
+}
+
+// Launch starts the member's domain as virt-launcher does: its hook sidecar, the domain through
+// the hook, its own libvirt daemon, define and start.
+func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
+	if err := os.MkdirAll(m.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	l := &Launched{Domain: m.Domain.Name, Exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			l.Stop()
+		}
+	}()
+	if l.Hook, err = StartHook(m.HookBin, m.StateDir, m.RunDir, filepath.Join(m.Log, "hook.log")); err != nil {
+		return nil, err
+	}
+	domain, err := Domain(m.Domain).Marshal()
+	if err != nil {
+		return nil, err
+	}
+	vmi, err := json.Marshal(m.VMI)
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	out, err := l.Hook.OnDefineDomain(hctx, []byte(domain), vmi)
+	if err != nil {
+		return nil, err
+	}
+	xml := filepath.Join(m.Log, "domain.xml")
+	if err := os.WriteFile(xml, out, 0o600); err != nil {
+		return nil, err
+	}
+	if l.Libvirtd, err = StartLibvirtd(filepath.Join(m.StateDir, "lv"), m.NetNS); err != nil {
+		return nil, err
+	}
+	if _, err := l.Libvirtd.Virsh("define", xml); err != nil {
+		return nil, err
+	}
+	start := []string{"start", m.Domain.Name}
+	if m.Paused {
+		start = append(start, "--paused")
+	}
+	if _, err := l.Libvirtd.Virsh(start...); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, l.Libvirtd.LogTail())
+	}
+	if l.PID, err = l.Libvirtd.DomainPID(m.Domain.Name); err != nil {
+		return nil, err
+	}
+	go func() {
+		for syscall.Kill(l.PID, 0) == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+		close(l.Exited)
+	}()
+	return l, nil
+}
+
+// Running reports whether the domain's QEMU runs.
+func (l *Launched) Running() bool {
+	select {
+	case <-l.Exited:
+		return false
+	default:
+		return l.PID != 0
+	}
+}
+
+// Destroy is what virt-launcher does when its VMI is deleted: libvirt destroys the domain (it
+// falls back to SIGKILL when the daemon does not answer), then the daemon and the hook end.
+func (l *Launched) Destroy() {
+	if l.Libvirtd != nil && l.Running() {
+		if _, err := l.Libvirtd.Virsh("destroy", l.Domain); err != nil {
+			_ = syscall.Kill(l.PID, syscall.SIGKILL)
+		}
+	}
+	l.Stop()
+}
+
+// Kill is the host dying under the domain: QEMU, the daemon and the hook are killed (SIGKILL).
+func (l *Launched) Kill() {
+	if l.PID != 0 {
+		_ = syscall.Kill(l.PID, syscall.SIGKILL)
+		<-l.Exited
+	}
+	l.Stop()
+}
+
+// Stop ends the daemon and the hook; the domain's QEMU runs on.
+func (l *Launched) Stop() {
+	if l.Libvirtd != nil {
+		l.Libvirtd.Kill()
+	}
+	if l.Hook != nil {
+		l.Hook.Stop()
+	}
+}
