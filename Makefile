@@ -48,7 +48,7 @@ fmt: ## go fmt.
 
 .PHONY: vet
 vet: ## go vet (the e2e, VM and chaos suites too).
-	go vet -tags e2e,vmtier,chaos ./...
+	go vet -tags e2e,vmtier,chaos,fullstack ./...
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
@@ -66,11 +66,11 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-dataplane test-vm test-libvirt test-e2e test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-envtest test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/...
+	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/... ./test/counter/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -102,15 +102,20 @@ test-libvirt: vm-assets libvirt-assets ## The libvirt tier: the VM tier's scenar
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
 	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
+.PHONY: test-fullstack
+test-fullstack: vm-assets libvirt-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
+	go test -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
+
 .PHONY: test-chaos
 test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40); CHAOS_KEEP=1 leaves the cluster up.
 	go test -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench
-bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt.
+bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; the COLO pair's checkpoints, bandwidth and FAILOVERS (10) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt; FULLSTACK_KILLS (20) kills of the primary's node on the full stack.
 	{ go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ && \
 	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/ && \
-	  go test -tags vmtier -run '^$$' -bench ColoFailover -benchtime 1x -timeout 60m -v ./test/vmtier/; } | go run ./hack/benchreport
+	  go test -tags vmtier -run '^$$' -bench ColoFailover -benchtime 1x -timeout 60m -v ./test/vmtier/ && \
+	  go test -tags fullstack -run '^$$' -bench FullStackFailover -benchtime 1x -timeout 60m -v ./test/fullstack/; } | go run ./hack/benchreport
 
 .PHONY: demo
 demo: ## Start a 6-node local cluster, protect the samples, kill a node, show the failover; KEEP=1 leaves it up.

@@ -4,20 +4,35 @@
 # kwok-simulated nodes, run by kwokctl's binary runtime; the KubeVirt, NAD, cert-manager and
 # monitoring CRDs; the lockstep operator running as a process with its own ServiceAccount's RBAC;
 # and the KubeVirt TEST DOUBLE (test/kubevirtdouble), the only fake in the loop. Nothing is
-# downloaded but Go modules.
+# downloaded but Go modules (and, with FULL_STACK=1, the Debian packages hack/ pins).
+#
+# FULL_STACK=1 (needs root) runs every part: each node gets a host (a network namespace
+# <cluster>_<node>, on a VM network, a logging network and a node network that a switch namespace
+# <cluster>_sw joins) running lockstepd as its DaemonSet would (config/lockstepd, the real binary,
+# its pod's token, its certificate from the operator's signer); the operator runs with --colo; and
+# the KubeVirt double boots each member VMI on its node's host through lockstep's KubeVirt hook and
+# a libvirt daemon of its own, with real QEMU and the counter guest (hack/qemu.sh, hack/guest.sh,
+# hack/libvirt.sh). A client namespace <cluster>_client is on the VM network at 10.214.0.1.
 #
 #   hack/local-cluster.sh up [NODES]        start (idempotent) with NODES nodes (default 6)
 #   hack/local-cluster.sh down              stop and remove everything (idempotent)
 #   hack/local-cluster.sh kubeconfig        print the kubeconfig path
 #   hack/local-cluster.sh add-node NAME [ZONE]  add a node (idempotent)
-#   hack/local-cluster.sh kill-node NAME    stop simulating the node, as if its host died
-#   hack/local-cluster.sh revive-node NAME  simulate it again: the host came back
+#   hack/local-cluster.sh kill-node NAME    the node's host dies: kwok stops simulating it (and with
+#                                           FULL_STACK, its QEMUs, libvirt daemons, lockstepd and
+#                                           links die with its namespace)
+#   hack/local-cluster.sh revive-node NAME  simulate it again: the host came back (empty)
+#   hack/local-cluster.sh silence-node NAME the node loses only its heartbeat: kwok stops, the host
+#                                           runs on (revive-node ends it)
+#   hack/local-cluster.sh partition-node NAME | heal-node NAME
+#                                           FULL_STACK: cut (restore) the node's logging link
+#   hack/local-cluster.sh netns client|NODE print a namespace's name (FULL_STACK)
 #   hack/local-cluster.sh start|stop|kill operator|kubevirt-double
 #                                           manage a process (stop: SIGTERM; kill: SIGKILL)
 #   hack/local-cluster.sh logs operator|kubevirt-double   print the process's log path
 #
 # Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s),
-# OPERATOR_ARGS (more operator flags), LOCKSTEP_CACHE.
+# OPERATOR_ARGS (more operator flags), FULL_STACK, LOCKSTEP_CACHE.
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
@@ -33,6 +48,7 @@ export KWOK_WORKDIR="${KWOK_WORKDIR:-$CACHE/kwok}"
 CLUSTER_DIR="$KWOK_WORKDIR/clusters/$NAME"
 KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig.yaml"
 RUN_DIR="$CLUSTER_DIR/lockstep" # pid files, logs and the operator's kubeconfig
+HOSTS_DIR="/run/lockstep-hosts/$NAME" # FULL_STACK: the hosts' directories (short: socket paths)
 K8S="$ROOT/bin/k8s"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
@@ -53,6 +69,15 @@ up() {
   "$ROOT/hack/test-crds.sh"
   (cd "$ROOT" && go build -o bin/lockstep-operator ./cmd/lockstep-operator &&
     go build -o bin/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double)
+  if full_stack; then
+    [ "$(id -u)" = 0 ] || { echo "FULL_STACK=1 needs root (network namespaces, QEMU, libvirtd)" >&2; exit 1; }
+    "$ROOT/hack/qemu.sh" >/dev/null
+    "$ROOT/hack/guest.sh" >/dev/null
+    "$ROOT/hack/libvirt.sh" >/dev/null
+    (cd "$ROOT" && go build -o bin/lockstepd ./cmd/lockstepd &&
+      go build -o bin/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook &&
+      go build -o bin/counter-client ./test/counter/cmd/counter-client)
+  fi
   if ! exists; then
     "$ROOT/bin/kwokctl" create cluster --name "$NAME" --runtime binary \
       --kube-apiserver-binary "$K8S/kube-apiserver" \
@@ -81,8 +106,13 @@ install() {
     kubectl apply --server-side --force-conflicts -f "$ROOT/bin/test-crds/$d" >/dev/null
   done
   "$ROOT/bin/kustomize" build "$ROOT/config/local" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+  if full_stack; then
+    "$ROOT/bin/kustomize" build "$ROOT/config/lockstepd" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+  fi
   kubectl wait --for condition=Established --timeout 60s crd --all >/dev/null
 }
+
+full_stack() { [ -n "${FULL_STACK:-}" ] && [ "${FULL_STACK}" != 0 ]; }
 
 # operator_kubeconfig: a kubeconfig with the operator ServiceAccount's token, so that the
 # operator runs with exactly the RBAC it has in a cluster.
@@ -113,9 +143,14 @@ start() {
       # shellcheck disable=SC2206 # OPERATOR_ARGS is a list of flags
       cmd=("$ROOT/bin/lockstep-operator" --kubeconfig "$RUN_DIR/operator.kubeconfig"
         --leader-elect --leader-election-namespace lockstep-system --metrics-bind-address 0 --health-probe-bind-address 0
-        --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s ${OPERATOR_ARGS:-}) ;;
+        --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s ${OPERATOR_ARGS:-})
+      if full_stack; then cmd+=(--colo); fi ;;
     kubevirt-double)
-      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH") ;;
+      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")
+      if full_stack; then
+        cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd"
+          --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/guest.sh")")
+      fi ;;
     *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
   esac
   echo "--- $(date -u +%FT%TZ) start: ${cmd[*]}" >>"$RUN_DIR/$1.log"
@@ -162,25 +197,42 @@ EOF
 # Lease (kube-node-lease), so another holder with a long lease silences it: no more heartbeats,
 # status or pod updates, and the node lifecycle controller marks it unreachable after its grace.
 # revive-node deletes that Lease; kwok creates it again and the node comes back Ready.
-kill_node() {
+kill_node() { set_lease_holder "$1" lockstep-killed-node; }
+
+# set_lease_holder NAME HOLDER: another holder of the node's kwok Lease (see kill_node).
+set_lease_holder() {
   local now
   now="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
   kubectl -n kube-node-lease patch lease "$1" --type merge >/dev/null -p \
-    "{\"spec\":{\"holderIdentity\":\"lockstep-killed-node\",\"leaseDurationSeconds\":86400,\"renewTime\":\"$now\"}}"
+    "{\"spec\":{\"holderIdentity\":\"$2\",\"leaseDurationSeconds\":86400,\"renewTime\":\"$now\"}}"
+}
+
+# logging_link NAME up|down: the node's link into the logging network (FULL_STACK).
+logging_link() {
+  ip -n "${NAME}_$1" link set ftlog "$2"
 }
 
 down() {
   stop operator TERM
-  stop kubevirt-double TERM
+  stop kubevirt-double TERM # it takes the hosts down with it
   if [ -x "$ROOT/bin/kwokctl" ] && exists; then
     "$ROOT/bin/kwokctl" delete cluster --name "$NAME"
+  fi
+  # What a killed double left: its namespaces (<cluster>_*) and directories.
+  if command -v ip >/dev/null && [ "$(id -u)" = 0 ]; then
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NAME}_" || true); do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+      ip netns delete "$ns" 2>/dev/null || true
+    done
+    rm -rf "$HOSTS_DIR"
   fi
   rm -rf "$RUN_DIR"
 }
 
 usage() {
-  echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node NAME | revive-node NAME" \
-    "| start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double" >&2
+  echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node|revive-node|silence-node NAME" \
+    "| partition-node|heal-node NAME | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double" >&2
   exit 2
 }
 
@@ -191,6 +243,10 @@ case "${1:-}" in
   add-node) add_node "$2" "${3:-zone-a}" ;;
   kill-node) kill_node "$2" ;;
   revive-node) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
+  silence-node) set_lease_holder "$2" lockstep-silenced-node ;;
+  partition-node) logging_link "$2" down ;;
+  heal-node) logging_link "$2" up ;;
+  netns) echo "${NAME}_$2" ;;
   start) start "$2" ;;
   stop) stop "$2" TERM ;;
   kill) stop "$2" KILL ;;

@@ -13,6 +13,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 )
 
 // Launcher is the local-cluster double of virt-controller's pod handling (and of the phase
@@ -34,6 +39,9 @@ type Launcher struct {
 	client.Client
 	// Image is the launcher container's image; kwok never pulls it.
 	Image string
+	// Domains, when set, boots member VMIs on their nodes' hosts (the local cluster's full
+	// stack), and a member's phase follows its domain rather than its pod.
+	Domains *Domains
 }
 
 // LauncherMemoryOverhead stands in for KubeVirt's per-VMI memory overhead (virt-launcher, QEMU).
@@ -54,9 +62,15 @@ func LauncherPodName(vmi string) string { return "virt-launcher-" + vmi }
 func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	vmi := &virtv1.VirtualMachineInstance{}
 	if err := l.Get(ctx, req.NamespacedName, vmi); err != nil {
+		if apierrors.IsNotFound(err) && l.Domains != nil {
+			l.Domains.Destroy(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err) // the pod goes with it (owner reference)
 	}
 	if vmi.DeletionTimestamp != nil || vmi.IsFinal() {
+		if l.Domains != nil {
+			l.Domains.Destroy(req.NamespacedName)
+		}
 		return ctrl.Result{}, nil
 	}
 	pod := &corev1.Pod{}
@@ -152,6 +166,18 @@ func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod,
 func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) error {
 	base := vmi.DeepCopy()
 	phase, ready := Mirror(pod)
+	if l.Domains != nil && vmi.Labels[ftv1.LabelPair] != "" && pod != nil && pod.Spec.NodeName != "" && pod.DeletionTimestamp == nil &&
+		(phase == virtv1.Running || phase == virtv1.Scheduled) {
+		state, why := l.Domains.State(vmi, pod.Spec.NodeName)
+		switch state {
+		case HostDown:
+			return nil // nothing on a dead host reports: the VMI stays as it was
+		case DomainStarting:
+			phase, ready = virtv1.Scheduled, notReady("GuestNotRunning", "virt-launcher is starting the domain")
+		case DomainExited:
+			phase, ready = virtv1.Failed, notReady("DomainExited", why)
+		}
+	}
 	vmi.Status.Phase = phase
 	if pod != nil && pod.Spec.NodeName != "" {
 		vmi.Status.NodeName = pod.Spec.NodeName
@@ -165,10 +191,6 @@ func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 
 // Mirror maps a launcher pod (nil: gone) to the VMI phase and Ready condition KubeVirt reports.
 func Mirror(pod *corev1.Pod) (virtv1.VirtualMachineInstancePhase, virtv1.VirtualMachineInstanceCondition) {
-	notReady := func(reason, msg string) virtv1.VirtualMachineInstanceCondition {
-		return virtv1.VirtualMachineInstanceCondition{Type: virtv1.VirtualMachineInstanceReady,
-			Status: corev1.ConditionFalse, Reason: reason, Message: msg}
-	}
 	switch {
 	case pod == nil:
 		return virtv1.Failed, notReady(virtv1.PodNotExistsReason, "virt-launcher pod does not exist")
@@ -189,6 +211,11 @@ func Mirror(pod *corev1.Pod) (virtv1.VirtualMachineInstancePhase, virtv1.Virtual
 	default:
 		return virtv1.Scheduling, notReady("GuestNotRunning", "virt-launcher pod is not scheduled yet")
 	}
+}
+
+func notReady(reason, msg string) virtv1.VirtualMachineInstanceCondition {
+	return virtv1.VirtualMachineInstanceCondition{Type: virtv1.VirtualMachineInstanceReady,
+		Status: corev1.ConditionFalse, Reason: reason, Message: msg}
 }
 
 func scheduledCondition(pod *corev1.Pod) virtv1.VirtualMachineInstanceCondition {
@@ -232,9 +259,15 @@ func (l *Launcher) patchStatus(ctx context.Context, vmi, base *virtv1.VirtualMac
 
 // SetupWithManager watches all VMIs and the launcher pods they own.
 func (l *Launcher) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("kubevirt-launcher-test-double").
 		For(&virtv1.VirtualMachineInstance{}).
-		Owns(&corev1.Pod{}).
-		Complete(l)
+		Owns(&corev1.Pod{})
+	if l.Domains != nil {
+		if l.Domains.Changed == nil {
+			l.Domains.Changed = make(chan event.GenericEvent, 256)
+		}
+		b = b.WatchesRawSource(source.Channel(l.Domains.Changed, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(l)
 }

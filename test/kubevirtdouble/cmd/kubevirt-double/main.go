@@ -1,14 +1,21 @@
 // Command kubevirt-double is a TEST DOUBLE of KubeVirt for the local cluster (hack/local-cluster.sh):
 // it gives each VirtualMachineInstance a launcher-like pod for the real scheduler to place and
-// mirrors the pod into the VMI status. It boots nothing. See test/kubevirtdouble.
+// mirrors the pod into the VMI status. With --hosts (the full stack) it also plays the nodes'
+// machines: a network namespace per node with lockstepd running as its DaemonSet would, and each
+// member VMI booted on its node's host through lockstep's KubeVirt hook and a libvirt daemon of its
+// own, its phase following its domain. See test/kubevirtdouble.
 package main
 
 import (
 	"flag"
 	"os"
 
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -18,37 +25,72 @@ import (
 )
 
 func main() {
-	var image string
+	var (
+		image                         string
+		hosts                         bool
+		cluster, state, storage, size string
+		lockstepd, hook, qemu, guest  string
+	)
 	flag.StringVar(&image, "launcher-image", "quay.io/kubevirt/virt-launcher:test-double", "Image named in launcher pods (never pulled: kwok runs nothing).")
+	flag.BoolVar(&hosts, "hosts", false, "Play the nodes' machines too: a network namespace per node running lockstepd, and member VMIs booted there (needs root).")
+	flag.StringVar(&cluster, "cluster", "lockstep", "With --hosts: the cluster's name, which prefixes the namespaces' names (<cluster>_<node>, <cluster>_sw, <cluster>_client).")
+	flag.StringVar(&state, "hosts-dir", "/run/lockstep-hosts", "With --hosts: the hosts' directories (short: Unix socket paths end at 107 bytes).")
+	flag.StringVar(&storage, "storage-dir", "", "With --hosts: the claims' disk images (default <hosts-dir>/storage).")
+	flag.StringVar(&size, "disk-size", "64M", "With --hosts: the size of every disk image.")
+	flag.StringVar(&lockstepd, "lockstepd", "bin/lockstepd", "With --hosts: the lockstepd binary.")
+	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
+	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory.")
+	flag.StringVar(&guest, "guest", "", "With --hosts: hack/guest.sh's directory.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("kubevirt-double")
+	fail := func(err error, what string) {
+		log.Error(err, what)
+		os.Exit(1)
+	}
 
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, virtv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, virtv1.AddToScheme, appsv1.AddToScheme, coordinationv1.AddToScheme} {
 		if err := add(scheme); err != nil {
-			log.Error(err, "scheme")
-			os.Exit(1)
+			fail(err, "scheme")
 		}
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	cfg := ctrl.GetConfigOrDie()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	})
 	if err != nil {
-		log.Error(err, "manager")
-		os.Exit(1)
+		fail(err, "manager")
 	}
-	if err := (&kubevirtdouble.Launcher{Client: mgr.GetClient(), Image: image}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "controller")
-		os.Exit(1)
+	launcher := &kubevirtdouble.Launcher{Client: mgr.GetClient(), Image: image}
+	ctx := ctrl.SetupSignalHandler()
+	if hosts {
+		if storage == "" {
+			storage = state + "/storage"
+		}
+		h := &kubevirtdouble.Hosts{Client: mgr.GetClient(), Clientset: kubernetes.NewForConfigOrDie(cfg), Config: cfg,
+			Cluster: cluster, StateDir: state, Lockstepd: lockstepd, Log: log.WithName("hosts"),
+			DaemonSet: types.NamespacedName{Namespace: "lockstep-system", Name: "lockstepd"}}
+		if err := h.Setup(); err != nil {
+			fail(err, "hosts")
+		}
+		// The hosts go with the double: when it stops, and on a restart (Setup removes what an
+		// earlier run left).
+		defer func() { _ = h.Teardown() }()
+		if err := h.SetupWithManager(mgr); err != nil {
+			fail(err, "hosts controller")
+		}
+		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, DiskSize: size, Log: log.WithName("domains")}
 	}
-	log.Info("running: launcher pods for VMIs, pod state mirrored into VMI status")
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := launcher.SetupWithManager(mgr); err != nil {
+		fail(err, "controller")
+	}
+	log.Info("running: launcher pods for VMIs, pod state mirrored into VMI status", "hosts", hosts)
+	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "manager stopped")
-		os.Exit(1)
 	}
 }

@@ -1,0 +1,97 @@
+// Package counter is the client of the test guest's counter (hack/guest): one request, one reply
+// "count=N bootid=ID disk=count=M", where N counts the requests the guest answered since its
+// first boot, ID names the boot and M is what its disk holds after the write that N made. It
+// checks what FT promises a client of the VM: the count never goes back and never loses a value
+// the client saw, the VM never reboots, and the disk holds what the client was told.
+package counter
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+)
+
+// Port is the counter's TCP port.
+const Port = 7777
+
+// Reply is one answer of the counter.
+type Reply struct {
+	Count  int
+	BootID string
+	Disk   int
+	At     time.Time
+}
+
+var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
+
+// Ask sends one request to the counter at addr (ip:port) from inside network namespace ns.
+func Ask(ctx context.Context, ns, addr string) (Reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var c net.Conn
+	var err error
+	if ns == "" {
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	} else {
+		c, err = testnet.DialContext(ctx, ns, "tcp", addr)
+	}
+	if err != nil {
+		return Reply{}, err
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Write([]byte("next\n")); err != nil {
+		return Reply{}, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return Reply{}, err
+	}
+	m := reply.FindStringSubmatch(line)
+	if m == nil {
+		return Reply{}, fmt.Errorf("unexpected reply %q", line)
+	}
+	r := Reply{BootID: m[2], At: time.Now()}
+	r.Count, _ = strconv.Atoi(m[1])
+	r.Disk, _ = strconv.Atoi(m[3])
+	return r, nil
+}
+
+// Checker follows one client's replies.
+type Checker struct {
+	// Last is the last count the client saw; Boot the boot id of the first reply.
+	Last int
+	Boot string
+	// unanswered counts the requests since the last reply that got none: each may or may not
+	// have reached the VM, so the next count may be up to that many beyond Last+1.
+	unanswered int
+}
+
+// Failed records a request that got no reply.
+func (c *Checker) Failed() { c.unanswered++ }
+
+// Check checks a reply against what the client saw before, and records it.
+func (c *Checker) Check(r Reply) error {
+	if c.Boot == "" {
+		c.Boot, c.Last, c.unanswered = r.BootID, r.Count-1, 0
+	}
+	var err error
+	switch {
+	case r.BootID != c.Boot:
+		err = fmt.Errorf("the VM rebooted: boot id %s, first %s", r.BootID, c.Boot)
+	case r.Count <= c.Last:
+		err = fmt.Errorf("the count went back: %d after %d", r.Count, c.Last)
+	case r.Count > c.Last+1+c.unanswered:
+		err = fmt.Errorf("the count skipped: %d after %d with %d unanswered requests", r.Count, c.Last, c.unanswered)
+	case r.Disk != r.Count:
+		err = fmt.Errorf("the disk holds count=%d, the reply count=%d", r.Disk, r.Count)
+	}
+	c.Last, c.unanswered = r.Count, 0
+	return err
+}

@@ -1,0 +1,298 @@
+package kubevirtdouble
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/yaml"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/test/virtlauncher"
+)
+
+// Domains is the local cluster's launcher mode: it boots each member VMI that the scheduler bound
+// to a node on that node's host, as virt-launcher would with lockstep's hook (test/virtlauncher:
+// the hook binary, a libvirt daemon of the VMI's own, real QEMU), with the counter guest
+// (hack/guest.sh). Launcher mirrors the domain's state into the VMI.
+//
+// What KubeVirt would take from the VMI, it takes from the VMI: the domain name, the firmware
+// UUID, the NIC's MAC, the guest's memory, the replicated disk's claim, startStrategy Paused;
+// the guest's address comes from the cloud-init network data (the counter guest reads it from its
+// kernel command line). A claim's disk is an image under Storage, kept across hosts, as network
+// storage would keep it.
+type Domains struct {
+	Hosts *Hosts
+	// QEMU and Guest are hack/qemu.sh's and hack/guest.sh's directories; Hook the hook binary.
+	QEMU, Guest, Hook string
+	// Storage holds the claims' images (<namespace>/<claim>.qcow2).
+	Storage string
+	// DiskSize is the size of every image (COLO needs the replica and overlays of the same size).
+	DiskSize string
+	// Changed receives the VMIs whose domain changed state.
+	Changed chan event.GenericEvent
+	Log     logr.Logger
+
+	mu    sync.Mutex
+	byVMI map[types.NamespacedName]*domain
+}
+
+// DomainState is what Launcher mirrors into a VMI.
+type DomainState string
+
+const (
+	// HostDown: the node's host is dead; nothing on it reports (the VMI is left as it is).
+	HostDown DomainState = "HostDown"
+	// DomainStarting: being launched.
+	DomainStarting DomainState = "Starting"
+	// DomainRunning: QEMU runs (paused or not).
+	DomainRunning DomainState = "Running"
+	// DomainExited: QEMU is gone (it quit, was fenced or crashed), or the launch failed.
+	DomainExited DomainState = "Exited"
+)
+
+// domain is one VMI's domain on a host.
+type domain struct {
+	key  types.NamespacedName
+	uid  types.UID
+	host *Host
+	dir  string
+	tap  string
+
+	mu       sync.Mutex
+	state    DomainState
+	reason   string
+	launched *virtlauncher.Launched
+	gone     bool // destroyed or killed: the launch, if still going, undoes itself
+}
+
+// State is the domain of vmi on node; a VMI that has none yet is launched.
+func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, node string) (DomainState, string) {
+	ho := d.Hosts.Host(node)
+	if ho == nil {
+		return HostDown, "the node's host is down"
+	}
+	key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
+	d.mu.Lock()
+	if d.byVMI == nil {
+		d.byVMI = map[types.NamespacedName]*domain{}
+	}
+	dom := d.byVMI[key]
+	if dom != nil && dom.uid == vmi.UID && dom.host != ho {
+		// Its host died and came back empty: as virt-handler finds after a reboot, the domain
+		// is gone.
+		d.mu.Unlock()
+		return DomainExited, "the domain went with its host"
+	}
+	if dom != nil && dom.uid != vmi.UID {
+		// An earlier VMI of the same name.
+		delete(d.byVMI, key)
+		go dom.destroy()
+		dom = nil
+	}
+	if dom == nil {
+		dom = &domain{key: key, uid: vmi.UID, host: ho, state: DomainStarting, reason: "launching",
+			dir: filepath.Join(ho.Dir, "m", string(vmi.UID)[:8]), tap: "t" + string(vmi.UID)[:8]}
+		d.byVMI[key] = dom
+		ho.mu.Lock()
+		ho.domains[vmi.UID] = dom
+		ho.mu.Unlock()
+		go d.launch(dom, vmi.DeepCopy())
+	}
+	d.mu.Unlock()
+	dom.mu.Lock()
+	defer dom.mu.Unlock()
+	return dom.state, dom.reason
+}
+
+// Destroy is virt-launcher's answer to the VMI's deletion: libvirt destroys the domain.
+func (d *Domains) Destroy(key types.NamespacedName) {
+	d.mu.Lock()
+	dom := d.byVMI[key]
+	delete(d.byVMI, key)
+	d.mu.Unlock()
+	if dom != nil {
+		dom.host.mu.Lock()
+		delete(dom.host.domains, dom.uid)
+		dom.host.mu.Unlock()
+		dom.destroy()
+		d.Log.Info("domain destroyed", "vmi", key, "node", dom.host.Node)
+	}
+}
+
+// Console is the console file of vmi's domain ("" if it has none here).
+func (d *Domains) Console(key types.NamespacedName) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if dom := d.byVMI[key]; dom != nil {
+		return filepath.Join(dom.dir, "console")
+	}
+	return ""
+}
+
+func (d *Domains) launch(dom *domain, vmi *virtv1.VirtualMachineInstance) {
+	l, err := d.start(dom, vmi)
+	dom.mu.Lock()
+	switch {
+	case err != nil:
+		dom.state, dom.reason = DomainExited, "launch failed: "+err.Error()
+		d.Log.Error(err, "launch failed", "vmi", dom.key, "node", dom.host.Node)
+	case dom.gone:
+		// Destroyed or killed while it launched.
+		dom.mu.Unlock()
+		l.Kill()
+		return
+	default:
+		dom.launched, dom.state, dom.reason = l, DomainRunning, ""
+		d.Log.Info("domain running", "vmi", dom.key, "node", dom.host.Node, "pid", l.PID)
+		go func() {
+			<-l.Exited
+			dom.mu.Lock()
+			dom.state, dom.reason = DomainExited, "QEMU exited"
+			dom.mu.Unlock()
+			d.Log.Info("domain's QEMU exited", "vmi", dom.key, "node", dom.host.Node)
+			d.changed(vmi)
+		}()
+	}
+	dom.mu.Unlock()
+	d.changed(vmi)
+}
+
+func (d *Domains) changed(vmi *virtv1.VirtualMachineInstance) {
+	if d.Changed != nil {
+		d.Changed <- event.GenericEvent{Object: vmi}
+	}
+}
+
+// start launches vmi's domain on its host.
+func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtlauncher.Launched, error) {
+	addr, err := GuestAddress(vmi)
+	if err != nil {
+		return nil, err
+	}
+	disk, err := member.ReplicatedDisk(&vmi.Spec)
+	if err != nil {
+		return nil, err
+	}
+	if name := vmi.Annotations[ftv1.AnnotationReplicatedDisk]; name != "" {
+		disk = name
+	}
+	claim := ""
+	for _, v := range vmi.Spec.Volumes {
+		if v.Name == disk && v.PersistentVolumeClaim != nil {
+			claim = v.PersistentVolumeClaim.ClaimName
+		}
+	}
+	if claim == "" {
+		return nil, fmt.Errorf("the replicated disk %q has no claim", disk)
+	}
+	if len(vmi.Spec.Domain.Devices.Interfaces) == 0 || vmi.Spec.Domain.Devices.Interfaces[0].MacAddress == "" {
+		return nil, errors.New("the VMI has no interface with a MAC address")
+	}
+	memoryMB := 256
+	if m := vmi.Spec.Domain.Memory; m != nil && m.Guest != nil {
+		memoryMB = int(m.Guest.Value() >> 20)
+	}
+	// The member's directory, which config/kubevirt mounts into the launcher pod (a hostPath of
+	// type DirectoryOrCreate: the kubelet makes it).
+	for _, dir := range []string{dom.dir, filepath.Join(dom.host.RunDir, string(vmi.UID))} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	image := filepath.Join(d.Storage, vmi.Namespace, claim+".qcow2")
+	if err := os.MkdirAll(filepath.Dir(image), 0o755); err != nil {
+		return nil, err
+	}
+	imgs := map[string]string{"disk": image, "active": filepath.Join(dom.dir, "active.qcow2"), "hidden": filepath.Join(dom.dir, "hidden.qcow2")}
+	for _, img := range imgs {
+		if _, err := os.Stat(img); err == nil && img == image {
+			continue // the claim keeps its data
+		}
+		if out, err := exec.Command(filepath.Join(d.QEMU, "bin", "qemu-img"), "create", "-f", "qcow2", img, d.DiskSize).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("qemu-img: %w: %s", err, out)
+		}
+	}
+	ns := dom.host.NS
+	if err := ipAll([][]string{{"-n", ns, "tuntap", "add", dom.tap, "mode", "tap"},
+		{"-n", ns, "link", "set", dom.tap, "master", "br0"}, {"-n", ns, "link", "set", dom.tap, "up"}}); err != nil {
+		return nil, err
+	}
+	uuid := ""
+	if fw := vmi.Spec.Domain.Firmware; fw != nil {
+		uuid = string(fw.UUID)
+	}
+	vm := colo.VM{
+		Firmware: []string{filepath.Join(d.QEMU, "firmware", "qemu"), filepath.Join(d.QEMU, "firmware", "seabios")},
+		Kernel:   filepath.Join(d.Guest, "vmlinuz"), Initrd: filepath.Join(d.Guest, "initramfs.cpio.gz"),
+		Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + addr, MemoryMB: memoryMB,
+		Tap: dom.tap, MAC: vmi.Spec.Domain.Devices.Interfaces[0].MacAddress,
+		QMP: filepath.Join(dom.dir, "launcher.qmp"), Serial: filepath.Join(dom.dir, "console"),
+	}
+	return virtlauncher.Launch(context.Background(), virtlauncher.Member{
+		VMI: vmi,
+		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid,
+			Emulator: filepath.Join(d.QEMU, "bin", "qemu-system-x86_64"), VM: vm,
+			ReplicatedDisk: disk, Disk: imgs["disk"], Active: imgs["active"], Hidden: imgs["hidden"]},
+		NetNS: ns, StateDir: dom.dir, HookBin: d.Hook, RunDir: dom.host.RunDir, Log: dom.dir,
+		Paused: vmi.Spec.StartStrategy != nil && *vmi.Spec.StartStrategy == virtv1.StartStrategyPaused,
+	})
+}
+
+// destroy ends the domain through libvirt, and removes its tap.
+func (dom *domain) destroy() {
+	dom.end((*virtlauncher.Launched).Destroy)
+	_ = exec.Command("ip", "-n", dom.host.NS, "link", "delete", dom.tap).Run()
+}
+
+// kill is the host dying under the domain.
+func (dom *domain) kill() { dom.end((*virtlauncher.Launched).Kill) }
+
+// end marks the domain gone (a launch still under way undoes itself) and ends what runs by how.
+func (dom *domain) end(how func(*virtlauncher.Launched)) {
+	dom.mu.Lock()
+	dom.gone = true
+	l := dom.launched
+	dom.mu.Unlock()
+	if l != nil {
+		how(l)
+	}
+}
+
+// GuestAddress is the guest's address (a.b.c.d/prefix) from the VMI's cloud-init network data
+// (version 2: the first address of the first ethernet).
+func GuestAddress(vmi *virtv1.VirtualMachineInstance) (string, error) {
+	for _, v := range vmi.Spec.Volumes {
+		ci := v.CloudInitNoCloud
+		if ci == nil || ci.NetworkData == "" {
+			continue
+		}
+		var nd struct {
+			Ethernets map[string]struct {
+				Addresses []string `json:"addresses"`
+			} `json:"ethernets"`
+		}
+		if err := yaml.Unmarshal([]byte(ci.NetworkData), &nd); err != nil {
+			return "", fmt.Errorf("the cloud-init network data of volume %s: %w", v.Name, err)
+		}
+		for _, e := range nd.Ethernets {
+			for _, a := range e.Addresses {
+				if strings.Contains(a, "/") {
+					return a, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("the VMI gives the guest no address: the double takes it from a cloudInitNoCloud volume's networkData (ethernets.<name>.addresses)")
+}
