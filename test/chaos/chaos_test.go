@@ -6,9 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,12 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
 // The chaos suite: CHAOS_SEED (default: from the clock) and CHAOS_STEPS (default 40) choose the
@@ -49,9 +45,9 @@ const (
 )
 
 var (
-	k8s    client.Client
-	script string
-	env    []string
+	k8s client.Client
+	lc  = localcluster.New("lockstep-chaos", "CHAOS_KEEP", "NODE_LOST_GRACE=5s")
+	up  bool
 )
 
 func TestChaos(t *testing.T) {
@@ -60,37 +56,25 @@ func TestChaos(t *testing.T) {
 }
 
 func cluster(args ...string) string {
-	cmd := exec.Command(script, args...)
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
-	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "hack/local-cluster.sh %s:\n%s", strings.Join(args, " "), out)
-	return string(out)
+	out, err := lc.Run(args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return out
 }
 
 // killNode kills a node's host. Just after a revival kwok has not made the node's Lease again,
 // which kill-node needs: it is retried until it can be done.
 func killNode(node string) {
 	Eventually(func() error {
-		cmd := exec.Command(script, "kill-node", node)
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%w: %s", err, out)
-		}
-		return nil
+		_, err := lc.Run("kill-node", node)
+		return err
 	}).WithTimeout(30 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
 }
 
 var _ = BeforeSuite(func() {
-	_, file, _, _ := runtime.Caller(0)
-	script = filepath.Join(filepath.Dir(file), "..", "..", "hack", "local-cluster.sh")
-	env = []string{"CLUSTER_NAME=lockstep-chaos", "NODE_LOST_GRACE=5s"}
-	cluster("down")
-	cluster("up", strconv.Itoa(nodes))
-	cfg, err := clientcmd.BuildConfigFromFlags("", strings.TrimSpace(cluster("kubeconfig")))
-	Expect(err).NotTo(HaveOccurred())
-	cfg.QPS, cfg.Burst = 100, 200
-	k8s, err = client.New(cfg, client.Options{Scheme: controllers.NewScheme()})
+	up = true
+	Expect(lc.Up(nodes)).To(Succeed())
+	var err error
+	k8s, err = lc.Client(100, 200)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	Expect(k8s.Create(context.Background(), &nadv1.NetworkAttachmentDefinition{
@@ -100,18 +84,21 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
-	if script == "" || os.Getenv("CHAOS_KEEP") != "" {
+	if !up {
 		return
 	}
-	cluster("down")
+	msg, err := lc.End()
+	GinkgoWriter.Println(msg)
+	Expect(err).NotTo(HaveOccurred())
 })
 
 var _ = ReportAfterEach(func(r SpecReport) {
-	if !r.Failed() || script == "" {
+	if !r.Failed() || !up {
 		return
 	}
-	out, _ := exec.Command("tail", "-n", "80", strings.TrimSpace(cluster("logs", "operator"))).CombinedOutput()
-	AddReportEntry("operator log (tail)", string(out))
+	for name, tail := range lc.Logs(80) {
+		AddReportEntry(name+" (tail)", tail)
+	}
 })
 
 func seedAndSteps() (uint64, int) {

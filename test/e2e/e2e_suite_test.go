@@ -11,23 +11,15 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"sort"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
 // nodeLostGrace is the operator's --node-lost-grace here: short, so that the suite is quick.
@@ -36,11 +28,11 @@ const nodeLostGrace = "5s"
 var (
 	k8s      client.Client
 	suiteCtx context.Context
-	root     string
-	script   string
-	// clusterEnv selects the e2e cluster for hack/local-cluster.sh.
-	clusterEnv []string
-	timings    = &timingLog{}
+	lc       *localcluster.Cluster
+	timings  = &localcluster.Figures{
+		Title: "Recovery times measured (node loss detected after kube-controller-manager's 8s grace, then --node-lost-grace=" + nodeLostGrace + ")",
+		OnAdd: func(what string, d time.Duration) { AddReportEntry(what, d.Round(100*time.Millisecond).String()) },
+	}
 )
 
 func TestE2E(t *testing.T) {
@@ -50,77 +42,43 @@ func TestE2E(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	suiteCtx = context.Background()
-	_, file, _, _ := runtime.Caller(0)
-	root = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	script = filepath.Join(root, "hack", "local-cluster.sh")
 	name := os.Getenv("E2E_CLUSTER_NAME")
 	if name == "" {
 		name = "lockstep-e2e"
 	}
-	clusterEnv = []string{"CLUSTER_NAME=" + name, "NODE_LOST_GRACE=" + nodeLostGrace}
+	lc = localcluster.New(name, "E2E_KEEP", "NODE_LOST_GRACE="+nodeLostGrace)
 
 	By("bringing up the local cluster with 6 nodes, the operator and the KubeVirt test double")
-	cluster("down") // a leftover of an interrupted run must not leak into this one
-	cluster("up", "6")
-	cfg, err := clientcmd.BuildConfigFromFlags("", strings.TrimSpace(cluster("kubeconfig")))
-	Expect(err).NotTo(HaveOccurred())
-	cfg.QPS, cfg.Burst = 100, 200
-	k8s, err = client.New(cfg, client.Options{Scheme: controllers.NewScheme()})
+	Expect(lc.Up(6)).To(Succeed())
+	var err error
+	k8s, err = lc.Client(100, 200)
 	Expect(err).NotTo(HaveOccurred())
 	waitNodesReady(nodeNames(6)...)
 })
 
 var _ = AfterSuite(func() {
-	timings.print()
-	if script == "" {
+	if lc == nil {
 		return
 	}
-	if os.Getenv("E2E_KEEP") != "" {
-		GinkgoWriter.Printf("E2E_KEEP set: the cluster stays up; KUBECONFIG=%s", cluster("kubeconfig"))
-		return
-	}
-	cluster("down")
+	GinkgoWriter.Print(timings.String())
+	msg, err := lc.End()
+	GinkgoWriter.Println(msg)
+	Expect(err).NotTo(HaveOccurred())
 })
 
 // When a spec fails, the operator's and the double's logs are what a person needs first.
 var _ = ReportAfterEach(func(r SpecReport) {
-	if !r.Failed() || script == "" {
+	if !r.Failed() || lc == nil {
 		return
 	}
-	for _, p := range []string{"operator", "kubevirt-double"} {
-		out, _ := exec.Command("tail", "-n", "60", strings.TrimSpace(cluster("logs", p))).CombinedOutput()
-		AddReportEntry(p+" log (tail)", string(out))
+	for name, tail := range lc.Logs(60) {
+		AddReportEntry(name+" (tail)", tail)
 	}
 })
 
 // cluster runs hack/local-cluster.sh against the e2e cluster and returns its output.
 func cluster(args ...string) string {
-	cmd := exec.Command(script, args...)
-	cmd.Env = append(os.Environ(), clusterEnv...)
-	out, err := cmd.CombinedOutput()
-	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "hack/local-cluster.sh %s:\n%s", strings.Join(args, " "), out)
-	return string(out)
-}
-
-// timingLog collects the durations the suite reports (not asserts): how long recovery took.
-type timingLog struct {
-	mu      sync.Mutex
-	entries []string
-}
-
-func (t *timingLog) add(what string, d time.Duration) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.entries = append(t.entries, fmt.Sprintf("%-70s %6.1fs", what, d.Seconds()))
-	AddReportEntry(what, d.Round(100*time.Millisecond).String())
-}
-
-func (t *timingLog) print() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	sort.Strings(t.entries)
-	fmt.Printf("\nRecovery times measured (node loss detected after kube-controller-manager's 8s grace, then --node-lost-grace=%s):\n", nodeLostGrace)
-	for _, e := range t.entries {
-		fmt.Println("  " + e)
-	}
+	out, err := lc.Run(args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return out
 }

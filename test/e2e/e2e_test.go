@@ -103,7 +103,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 				WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed(), "%s was running alone", name)
 			Expect(getFTVM(ns, name).Status.Secondary.Node).To(Equal("node-7"))
 		}
-		timings.add("30 FTVMs: node added -> the VMs that ran alone Protected", time.Since(added))
+		timings.Add("30 FTVMs: node added -> the VMs that ran alone Protected", time.Since(added))
 		Eventually(func(g Gomega) {
 			g.Expect(membersPerNode()).To(HaveKeyWithValue("node-7", maxPerNode))
 		}).WithTimeout(recoveryTimeout).WithPolling(time.Second).Should(Succeed())
@@ -166,8 +166,8 @@ var _ = Describe("lockstep on a local cluster", func() {
 		Eventually(func(g Gomega) { expectPairHealthy(g, ns, "db", oldPrimary) }).
 			WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
 		reprotected := time.Now()
-		timings.add("primary's node killed -> secondary promoted", promoted.Sub(killed))
-		timings.add("primary's node killed -> Protected again (new secondary Running)", reprotected.Sub(killed))
+		timings.Add("primary's node killed -> secondary promoted", promoted.Sub(killed))
+		timings.Add("primary's node killed -> Protected again (new secondary Running)", reprotected.Sub(killed))
 
 		f = getFTVM(ns, "db")
 		Expect(f.Status.FailoverCount).To(Equal(int32(1)))
@@ -187,7 +187,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 		Eventually(func(g Gomega) {
 			expectPairHealthy(g, ns, "web", oldSecondary)
 		}).WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
-		timings.add("secondary's node killed -> Protected again (new secondary Running)", time.Since(killed))
+		timings.Add("secondary's node killed -> Protected again (new secondary Running)", time.Since(killed))
 		f := getFTVM(ns, "web")
 		Expect(f.Status.Primary.VMI).To(Equal(primaryVMI), "the primary never moved")
 		Expect(f.Status.FailoverCount).To(BeZero())
@@ -216,7 +216,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 			Eventually(func(g Gomega) { expectPairHealthy(g, ns, n, dead...) }).
 				WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed(), "pair %s", n)
 		}
-		timings.add("two nodes killed -> all 5 pairs Protected again", time.Since(killed))
+		timings.Add("two nodes killed -> all 5 pairs Protected again", time.Since(killed))
 
 		for n, b := range before {
 			after := getFTVM(ns, n)
@@ -256,7 +256,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 		reviveNode(lost)
 		Eventually(func(g Gomega) { expectPairHealthy(g, ns, "ledger") }).
 			WithTimeout(recoveryTimeout).WithPolling(poll).Should(Succeed())
-		timings.add("lost node back (Ready) -> Protected with a secondary on it", time.Since(back))
+		timings.Add("lost node back (Ready) -> Protected with a secondary on it", time.Since(back))
 		f := getFTVM(ns, "ledger")
 		Expect(f.Status.Secondary.Node).To(Equal(lost))
 		Expect(f.Status.FailoverCount).To(Equal(int32(1)), "coming back does not fail over again")

@@ -6,19 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
-	"k8s.io/client-go/tools/clientcmd"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/controllers"
-
-	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // BenchmarkFullStackFailover kills the primary's node FULLSTACK_KILLS times (default 20) on the
@@ -31,20 +25,16 @@ func BenchmarkFullStackFailover(b *testing.B) {
 	if n, err := fmt.Sscan(os.Getenv("FULLSTACK_KILLS"), &kills); n != 1 || err != nil {
 		kills = 20
 	}
-	_, file, _, _ := runtime.Caller(0)
-	root = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	script = filepath.Join(root, "hack", "local-cluster.sh")
-	clusterEnv = []string{"CLUSTER_NAME=" + clusterName, "FULL_STACK=1", "NODE_LOST_GRACE=" + nodeLostGrace.String()}
-	cluster("down")
-	cluster("up", fmt.Sprint(nodes))
-	if os.Getenv("FULLSTACK_KEEP") == "" {
-		b.Cleanup(func() { cluster("down") })
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", strings.TrimSpace(cluster("kubeconfig")))
+	Expect(lc.Up(nodes)).To(Succeed())
+	b.Cleanup(func() {
+		msg, err := lc.End()
+		b.Log(msg)
+		Expect(err).NotTo(HaveOccurred())
+	})
+	var err error
+	k8s, err = lc.Client(0, 0)
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = ctrlclient.New(cfg, ctrlclient.Options{Scheme: controllers.NewScheme()})
-	Expect(err).NotTo(HaveOccurred())
-	kubectl("apply", "-f", filepath.Join(root, "test", "fullstack", "testdata", "counter-vm.yaml"))
+	kubectl("apply", "-f", filepath.Join(lc.Root, "test", "fullstack", "testdata", "counter-vm.yaml"))
 	protected()
 	cl := startClient(vmAddr)
 	defer cl.stop()

@@ -34,7 +34,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 	var cl *client
 
 	BeforeAll(func() {
-		kubectl("apply", "-f", filepath.Join(root, "test", "fullstack", "testdata", "counter-vm.yaml"))
+		kubectl("apply", "-f", filepath.Join(lc.Root, "test", "fullstack", "testdata", "counter-vm.yaml"))
 	})
 	AfterAll(func() {
 		if cl != nil {
@@ -56,7 +56,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			return f.Status.State == ftv1.StateProtected && r != nil && r.Primary != nil && r.Secondary != nil &&
 				r.Primary.State == ftv1.SideProtected && r.Secondary.Synchronized && f.Status.VLockstepInterval != nil && f.Status.LogBandwidth != nil
 		})
-		figures.add("apply → Protected (boot, disk resync, COLO)", time.Since(start))
+		figures.Add("apply → Protected (boot, disk resync, COLO)", time.Since(start))
 		Expect(f.Status.Primary.Node).NotTo(Equal(f.Status.Secondary.Node))
 		Expect(f.Status.Replication.Primary.VMI).To(Equal(f.Status.Primary.VMI))
 		Expect(f.Status.Replication.Secondary.VMI).To(Equal(f.Status.Secondary.VMI))
@@ -77,14 +77,14 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		By("the secondary goes live on lockstepd's decision: the pair's record names it")
 		Eventually(recordHolder, time.Minute, 20*time.Millisecond).Should(Equal(ftv1.SideIdentity(s.Node, s.VMI)))
 		_, first := waitReplyAfter(cl, killed)
-		figures.add(what+": kill → the client's next reply", first.At.Sub(killed))
+		figures.Add(what+": kill → the client's next reply", first.At.Sub(killed))
 
 		By("the operator promotes it on lockstepd's report, before the node lifecycle sees the node gone")
 		promoted := waitFor("the secondary promoted", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 			return f.Status.Primary != nil && f.Status.Primary.VMI == s.VMI && f.Status.FailoverCount == failovers+1
 		})
 		promotedAt := time.Now()
-		figures.add(what+": kill → promoted", promotedAt.Sub(killed))
+		figures.Add(what+": kill → promoted", promotedAt.Sub(killed))
 		Expect(nodeReady(p.Node)).To(BeTrue(), "promoted only once the API server saw the node go: %s", conditions(promoted))
 
 		By("a new secondary elsewhere, and lockstepd protects the VM into it (disk resync, COLO)")
@@ -93,7 +93,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != s.VMI &&
 				r != nil && r.Secondary != nil && r.Secondary.VMI == f.Status.Secondary.VMI && r.Secondary.Synchronized
 		})
-		figures.add(what+": kill → Protected again", time.Since(killed))
+		figures.Add(what+": kill → Protected again", time.Since(killed))
 		Expect(again.Status.Primary.VMI).To(Equal(s.VMI))
 		Expect(again.Status.Secondary.Node).NotTo(BeElementOf(p.Node, s.Node))
 		Expect(again.Status.FailoverCount).To(Equal(failovers + 1))
@@ -118,7 +118,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.VMI != s.VMI &&
 				f.Status.Replication != nil && f.Status.Replication.Secondary != nil && f.Status.Replication.Secondary.Synchronized
 		})
-		figures.add("the secondary's node killed: kill → Protected again", time.Since(killed))
+		figures.Add("the secondary's node killed: kill → Protected again", time.Since(killed))
 		Expect(again.Status.Primary.VMI).To(Equal(p.VMI))
 		Expect(again.Status.FailoverCount).To(Equal(failovers))
 		Expect(again.Status.Secondary.Node).NotTo(Equal(s.Node))
@@ -169,7 +169,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			winner = recordHolder()
 			return !memberExists(p.VMI) || !memberExists(s.VMI)
 		}, 2*time.Minute, 100*time.Millisecond).Should(BeTrue())
-		figures.add("logging partition: cut → the loser's member gone", time.Since(cut))
+		figures.Add("logging partition: cut → the loser's member gone", time.Since(cut))
 		Expect(winner).To(BeElementOf(ftv1.SideIdentity(p.Node, p.VMI), ftv1.SideIdentity(s.Node, s.VMI)))
 		expectOnePrimary()
 		_, first := waitReplyAfter(cl, time.Now())
@@ -191,7 +191,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		killed := killNode(p.Node)
 		Eventually(recordHolder, time.Minute, 20*time.Millisecond).Should(Equal(ftv1.SideIdentity(s.Node, s.VMI)), "lockstepd decides without the operator")
 		_, first := waitReplyAfter(cl, killed)
-		figures.add("operator down: kill → the client's next reply", first.At.Sub(killed))
+		figures.Add("operator down: kill → the client's next reply", first.At.Sub(killed))
 		cluster("start", "operator")
 		again := waitFor("Protected again, the operator back", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 			return f.Status.State == ftv1.StateProtected && f.Status.Primary != nil && f.Status.Primary.VMI == s.VMI &&
@@ -303,7 +303,7 @@ func nodeReady(name string) bool {
 // killNode kills the node's host (hack/local-cluster.sh kill-node) and returns the moment the
 // KubeVirt double took it off the networks.
 func killNode(name string) time.Time {
-	file := kubevirtdouble.KilledAtFile(hostsDir(), name)
+	file := kubevirtdouble.KilledAtFile(lc.HostsDir(), name)
 	before := killedAt(file)
 	cluster("kill-node", name)
 	var at time.Time

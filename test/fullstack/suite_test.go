@@ -16,13 +16,7 @@ package fullstack
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sort"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,12 +24,11 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
+	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
 // The cluster: four nodes, the operator's node-lost grace short so that the suite is quick (a
@@ -47,11 +40,13 @@ const (
 )
 
 var (
-	k8s        ctrlclient.Client
-	root       string
-	script     string
-	clusterEnv []string
-	figures    = &figureLog{}
+	k8s     ctrlclient.Client
+	lc      = localcluster.New(clusterName, "FULLSTACK_KEEP", "FULL_STACK=1", "NODE_LOST_GRACE="+nodeLostGrace.String())
+	up      bool
+	figures = &localcluster.Figures{
+		Title: fmt.Sprintf("Full-stack figures (node-lost grace %s; lockstepd's defaults)", nodeLostGrace),
+		OnAdd: func(what string, d time.Duration) { AddReportEntry(what, d.Round(time.Millisecond).String()) },
+	}
 )
 
 func TestFullStack(t *testing.T) {
@@ -60,17 +55,11 @@ func TestFullStack(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
-	_, file, _, _ := runtime.Caller(0)
-	root = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	script = filepath.Join(root, "hack", "local-cluster.sh")
-	clusterEnv = []string{"CLUSTER_NAME=" + clusterName, "FULL_STACK=1", "NODE_LOST_GRACE=" + nodeLostGrace.String()}
-
 	By("bringing up the full-stack local cluster")
-	cluster("down")
-	cluster("up", fmt.Sprint(nodes))
-	cfg, err := clientcmd.BuildConfigFromFlags("", strings.TrimSpace(cluster("kubeconfig")))
-	Expect(err).NotTo(HaveOccurred())
-	k8s, err = ctrlclient.New(cfg, ctrlclient.Options{Scheme: controllers.NewScheme()})
+	up = true
+	Expect(lc.Up(nodes)).To(Succeed())
+	var err error
+	k8s, err = lc.Client(0, 0)
 	Expect(err).NotTo(HaveOccurred())
 	By("waiting for lockstepd on every node: it publishes its logging address once it serves")
 	Eventually(func(g Gomega) {
@@ -83,77 +72,45 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
-	figures.print()
-	if script == "" {
+	if !up {
 		return
 	}
-	if os.Getenv("FULLSTACK_KEEP") != "" {
-		fmt.Printf("FULLSTACK_KEEP set: the cluster stays up; KUBECONFIG=%s", cluster("kubeconfig"))
-		return
-	}
-	cluster("down")
+	GinkgoWriter.Print(figures.String())
+	msg, err := lc.End()
+	GinkgoWriter.Println(msg)
+	Expect(err).NotTo(HaveOccurred())
 })
 
 // When a spec fails, the logs of the operator, the double and each lockstepd are what a person
 // needs first.
 var _ = ReportAfterEach(func(r SpecReport) {
-	if !r.Failed() || script == "" {
+	if !r.Failed() || !up {
 		return
 	}
-	logs := []string{strings.TrimSpace(cluster("logs", "operator")), strings.TrimSpace(cluster("logs", "kubevirt-double"))}
+	var daemons []string
 	for i := 1; i <= nodes; i++ {
-		logs = append(logs, filepath.Join(hostsDir(), nodeName(i)+"-lockstepd.log"))
+		daemons = append(daemons, filepath.Join(lc.HostsDir(), nodeName(i)+"-lockstepd.log"))
 	}
-	for _, p := range logs {
-		out, _ := exec.Command("tail", "-n", "40", p).CombinedOutput()
-		AddReportEntry(filepath.Base(p)+" (tail)", string(out))
+	for name, tail := range lc.Logs(40, daemons...) {
+		AddReportEntry(name+" (tail)", tail)
 	}
 })
 
 func nodeName(i int) string { return fmt.Sprintf("node-%d", i) }
-
-// hostsDir is the KubeVirt double's hosts directory for the cluster (hack/local-cluster.sh).
-func hostsDir() string { return "/run/lockstep-hosts/" + clusterName }
 
 // clientNS is the client's namespace on the VM network.
 func clientNS() string { return kubevirtdouble.ClientNS(clusterName) }
 
 // cluster runs hack/local-cluster.sh against the full-stack cluster and returns its output.
 func cluster(args ...string) string {
-	cmd := exec.Command(script, args...)
-	cmd.Env = append(os.Environ(), clusterEnv...)
-	out, err := cmd.CombinedOutput()
-	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "hack/local-cluster.sh %s:\n%s", strings.Join(args, " "), out)
-	return string(out)
+	out, err := lc.Run(args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return out
 }
 
 // kubectl runs the cluster's kubectl.
 func kubectl(args ...string) string {
-	cmd := exec.Command(filepath.Join(root, "bin", "k8s", "kubectl"), append([]string{"--kubeconfig", strings.TrimSpace(cluster("kubeconfig"))}, args...)...)
-	out, err := cmd.CombinedOutput()
-	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "kubectl %s:\n%s", strings.Join(args, " "), out)
-	return string(out)
-}
-
-// figureLog collects what the suite measures (reported, not asserted).
-type figureLog struct {
-	mu      sync.Mutex
-	entries []string
-}
-
-func (f *figureLog) add(what string, d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.entries = append(f.entries, fmt.Sprintf("%-72s %8s", what, d.Round(time.Millisecond)))
-	AddReportEntry(what, d.Round(time.Millisecond).String())
-}
-
-func (f *figureLog) print() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	sort.Strings(f.entries)
-	fmt.Printf("\nFull-stack figures (node-lost grace %s; lockstepd's defaults):\n", nodeLostGrace)
-	for _, e := range f.entries {
-		fmt.Println("  " + e)
-	}
+	out, err := lc.Kubectl(args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return out
 }
