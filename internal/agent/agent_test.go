@@ -317,3 +317,34 @@ func TestPrimaryNeverTakesARecordThatNamesAnotherMember(t *testing.T) {
 		t.Fatalf("fenced primary: %+v", st)
 	}
 }
+
+// A secondary that went live and was protected again claims a new epoch when its new secondary
+// goes silent, so that the new secondary, which knows the epoch the promoted primary holds,
+// cannot win too: both sides of a partition claiming never both win.
+func TestPromotedPrimaryClaimsANewEpoch(t *testing.T) {
+	p := newPair(t)
+	p.protect(t)
+	p.a.cancel() // the first primary's node dies: b goes live at epoch 3
+	_ = p.a.ln.Close()
+	waitState(t, p.b, failover.Alone)
+	c := p.start(t, "c", false, p.tlsA, nil)
+	p.b.agent.SetPeer(context.Background(), agent.Peer{VMI: "c", Node: "node-c", Addr: c.ln.Addr().String()})
+	waitState(t, p.b, failover.Protected)
+	if st := c.agent.Status(); !st.Synced || st.Epoch != 3 {
+		t.Fatalf("the new secondary: %+v, want synchronized at epoch 3", st)
+	}
+	c.cancel() // b hears nothing from c, and claims
+	_ = c.ln.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.b.agent.Status().Epoch != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the promoted primary after its secondary went silent: %+v, want it to hold epoch 4", p.b.agent.Status())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitState(t, p.b, failover.Alone)
+	// What c's own claim would meet had it been partitioned rather than dead.
+	if _, err := p.lease.Side("c").Claim(context.Background(), 3); !errors.Is(err, engine.ErrLost) {
+		t.Fatalf("a claim from the epoch the new secondary knew: %v, want it lost", err)
+	}
+}

@@ -27,8 +27,8 @@ func (a *Agent) startPrimary(ctx context.Context) {
 	a.claim(ctx, holder.Epoch)
 }
 
-// claimFromPeer stops following or streaming to the silent peer and claims the epoch this side
-// knows.
+// claimFromPeer stops following or streaming to the silent peer and claims the epoch after the
+// newest one this side knows: the one it holds, or the one its primary's log carried.
 func (a *Agent) claimFromPeer(ctx context.Context) {
 	a.mu.Lock()
 	known, sec := a.epoch, a.sec
@@ -38,7 +38,10 @@ func (a *Agent) claimFromPeer(ctx context.Context) {
 		// being applied, whose apply takes a.mu: it must not be held here.
 		sec.Close()
 		a.mux.Unregister(a.cfg.Pair, sec)
-		known = sec.Epoch()
+		// A secondary that went live keeps its old log, whose epoch is older than the one it won:
+		// claiming from that would find its own Lease and "win" the epoch it already holds, while
+		// its new secondary, which knows that epoch, wins the next one (two live sides).
+		known = max(known, sec.Epoch())
 	}
 	a.dropChannel()
 	a.claim(ctx, known)

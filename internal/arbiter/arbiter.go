@@ -95,19 +95,16 @@ func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
 	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
 		return 0, err
 	}
-	h := a.holderOf(lease)
-	switch {
-	case h.Epoch > known && h.Identity == a.Identity:
-		return h.Epoch, nil // an earlier claim of ours went through
-	case h.Epoch != known:
-		return 0, fmt.Errorf("%w: epoch %d held by %s, this side knew %d", ErrLost, h.Epoch, h.Identity, known)
+	epoch, write, err := engine.DecideClaim(a.holderOf(lease), a.Identity, known)
+	if !write {
+		return epoch, err
 	}
 	now := metav1.NewMicroTime(time.Now())
-	next := int32(known + 1)
+	next := int32(epoch)
 	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &a.Identity, &next
 	lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
 	// Update carries the resourceVersion read above: the API server's compare-and-set.
-	err := a.Client.Update(ctx, lease)
+	err = a.Client.Update(ctx, lease)
 	if apierrors.IsConflict(err) {
 		cur, gerr := a.Current(ctx)
 		if gerr != nil {

@@ -7,6 +7,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
@@ -114,6 +115,21 @@ type Arbiter interface {
 	Ensure(ctx context.Context) (Holder, error)
 	// Claim takes the epoch after known for this side; ErrLost if someone holds a newer one.
 	Claim(ctx context.Context, known uint64) (uint64, error)
+}
+
+// DecideClaim is the rule every Arbiter applies to a claim by identity from epoch known, given
+// the record's holder h: the claim writes epoch known+1 when the record is still at known; it
+// already went through when identity holds a newer epoch (an earlier try whose answer was lost:
+// the claimer must know the newest epoch it holds, or it "wins" an epoch it had); otherwise it is
+// lost.
+func DecideClaim(h Holder, identity string, known uint64) (epoch uint64, write bool, err error) {
+	switch {
+	case h.Epoch > known && h.Identity == identity:
+		return h.Epoch, false, nil
+	case h.Epoch != known:
+		return 0, false, fmt.Errorf("%w: epoch %d held by %s, this side knew %d", ErrLost, h.Epoch, h.Identity, known)
+	}
+	return known + 1, true, nil
 }
 
 // Holder is who holds the record, at which epoch.

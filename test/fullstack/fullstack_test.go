@@ -151,16 +151,14 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		Expect(f.Status.FailoverCount).To(Equal(failovers))
 	})
 
-	// PENDING, a known violation: in one of three runs the client saw a count twice ("404 after
-	// 404") when the primary's logging link was cut: the primary won the Lease and served on, so
-	// something answered from the secondary's older state. The likely path: the secondary's QEMU
-	// keeps running its guest when its relayed streams drop, and QEMU's filter-redirector passes
-	// packets to the netdev when its chardev is disconnected, so the secondary's replies leak to
-	// the VM network until it is fenced. The fix (lockstepd stopping the secondary's VM when the
-	// peer goes silent, before it claims) is the next step; this spec is its test.
-	PIt("lets one side serve when the logging network is cut between the two, and protects again once it heals", func() {
+	// Runs after two failovers, so that the primary is a secondary that went live: such a primary
+	// once claimed from its old log's epoch, "won" the epoch it already held and released what
+	// COLO held, while its secondary won the next epoch and went live too (the client saw a count
+	// twice). Both sides must claim a new epoch, and only one may win it.
+	It("lets one side serve when the logging network is cut between the two, and protects again once it heals", func() {
 		f := protected()
 		p, s := *f.Status.Primary, *f.Status.Secondary
+		before := leaseEpoch()
 		cluster("partition-node", p.Node)
 		cut := time.Now()
 		By("one side goes on, the other is fenced and its member goes")
@@ -171,6 +169,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		}, 2*time.Minute, 100*time.Millisecond).Should(BeTrue())
 		figures.Add("logging partition: cut → the loser's member gone", time.Since(cut))
 		Expect(winner).To(BeElementOf(ftv1.SideIdentity(p.Node, p.VMI), ftv1.SideIdentity(s.Node, s.VMI)))
+		Expect(leaseEpoch()).To(Equal(before+1), "exactly one claim went through")
 		expectOnePrimary()
 		_, first := waitReplyAfter(cl, time.Now())
 		Expect(first.Count).To(BeNumerically(">", 0))
@@ -254,6 +253,14 @@ func recordHolder() string {
 		return ""
 	}
 	return *l.Spec.HolderIdentity
+}
+
+// leaseEpoch is the pair's record's epoch (the Lease's leaseTransitions).
+func leaseEpoch() int32 {
+	var l coordinationv1.Lease
+	ExpectWithOffset(1, k8s.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: ftv1.RecordName(ftvmName)}, &l)).To(Succeed())
+	ExpectWithOffset(1, l.Spec.LeaseTransitions).NotTo(BeNil())
+	return *l.Spec.LeaseTransitions
 }
 
 func memberExists(vmi string) bool {

@@ -7,7 +7,6 @@ package leasedouble
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 
 	"github.com/lockstep-dev/lockstep/internal/engine"
@@ -75,9 +74,9 @@ func (s Side) Claim(_ context.Context, known uint64) (uint64, error) {
 	if s.l.down {
 		return 0, ErrDown
 	}
-	if s.l.holder.Epoch != known {
-		return 0, fmt.Errorf("%w: epoch %d is %s's", engine.ErrLost, s.l.holder.Epoch, s.l.holder.Identity)
+	epoch, write, err := engine.DecideClaim(s.l.holder, s.id, known)
+	if write {
+		s.l.holder = engine.Holder{Identity: s.id, Epoch: epoch}
 	}
-	s.l.holder = engine.Holder{Identity: s.id, Epoch: known + 1}
-	return known + 1, nil
+	return epoch, err
 }
