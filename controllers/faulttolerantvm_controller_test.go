@@ -470,6 +470,28 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonSecondaryLost))
 		})
 
+		It("replaces the secondary as soon as the primary's lockstepd reports that it won the Lease against it, before any node looks lost", func() {
+			p, sec := got.Status.Primary, got.Status.Secondary
+			// What the primary's lockstepd writes when its secondary went silent and it won the
+			// pair's Lease: it runs the VM alone. Every node still looks Ready.
+			// The API keeps seconds: the report comes in a later second than the secondary's creation.
+			v, err := getVMI(ns, sec.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			time.Sleep(time.Until(v.CreationTimestamp.Add(time.Second)))
+			alone := time.Now().UTC().Format(time.RFC3339)
+			patch := fmt.Sprintf(`{"status":{"replication":{"primary":{"vmi":%q,"node":%q,"state":"Alone","since":%q,"epoch":%d,"reportTime":%q}}}}`,
+				p.VMI, p.Node, alone, got.Status.Epoch+1, alone)
+			Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			Eventually(isGone(ns, sec.VMI), timeout, interval).Should(BeTrue())
+			after := waitFor(ns, "vm", "a new secondary", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Secondary != nil && f.Status.Secondary.VMI != sec.VMI
+			})
+			Expect(after.Status.Primary.VMI).To(Equal(p.VMI), "the primary is untouched")
+			Expect(after.Status.FailoverCount).To(BeZero())
+			Expect(after.Status.Secondary.Node).NotTo(Equal(sec.Node), "the node where the pair just lost a member is avoided")
+			Expect(eventMessages(ns, "vm", ftv1.ReasonSecondaryLost)).To(ContainSubstring("won the Lease against its silent secondary"))
+		})
+
 		It("treats KubeVirt's PodNotExists as the loss of the member", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
 			vmi, err := getVMI(ns, oldPrimary.VMI)

@@ -149,7 +149,11 @@ func (s *scope) judgeReplication() {
 		return mv.vmi.Name
 	}
 	rep := s.ftvm.Status.Replication
-	pv, sv := health.FromReplication(rep, name(p), name(sec))
+	var secCreated time.Time
+	if sec != nil {
+		secCreated = sec.vmi.CreationTimestamp.Time
+	}
+	pv, sv := health.FromReplication(rep, name(p), name(sec), secCreated)
 	if pv != nil {
 		p.verdict = *pv
 	}

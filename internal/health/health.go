@@ -170,17 +170,27 @@ const (
 	ReasonSecondaryWentLive = "SecondaryWentLive"
 	// ReasonFenced: the member's lockstepd fenced it (it lost the Lease, or could not reach it).
 	ReasonFenced = "Fenced"
+	// ReasonPrimaryWentAlone: the primary's lockstepd won the pair's Lease against a silent
+	// secondary and runs the VM without it.
+	ReasonPrimaryWentAlone = "PrimaryWentAlone"
 )
 
 // FromReplication judges the members from what lockstepd reported in status.replication, which
 // is faster than the node lifecycle: lockstepd sees a silent peer in under a second. It returns
 // a Lost verdict for the primary when the current secondary reports that it went live (it holds
 // the pair's Lease, so the primary can no longer release anything), and for a member that its
-// lockstepd reports Fenced; nil otherwise. A report names its VMI, so a report of an earlier
-// member never condemns a later one.
-func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI string) (primary, secondary *Verdict) {
+// lockstepd reports Fenced, and for the secondary when the primary reports that it has run
+// alone since after the secondary was created (secondaryCreated): it won the Lease against that
+// secondary, which can never follow it again. Otherwise nil. A report names its VMI, so a report
+// of an earlier member never condemns a later one.
+func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI string, secondaryCreated time.Time) (primary, secondary *Verdict) {
 	if rep == nil {
 		return nil, nil
+	}
+	if p := rep.Primary; p != nil && p.VMI == primaryVMI && p.State == ftv1.SideAlone && p.Since != nil &&
+		secondaryVMI != "" && !secondaryCreated.IsZero() && p.Since.After(secondaryCreated) {
+		secondary = &Verdict{State: Lost, Reason: ReasonPrimaryWentAlone, Message: fmt.Sprintf("lockstepd on node %s reports primary %s alone at Lease epoch %d since %s, after secondary %s was created: it won the Lease against its silent secondary",
+			p.Node, p.VMI, p.Epoch, p.Since.UTC().Format(time.RFC3339), secondaryVMI)}
 	}
 	for _, side := range []*ftv1.SideStatus{rep.Primary, rep.Secondary} {
 		if side == nil {

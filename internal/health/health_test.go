@@ -117,6 +117,12 @@ func TestFromReplication(t *testing.T) {
 	side := func(vmi, state string) *ftv1.SideStatus {
 		return &ftv1.SideStatus{VMI: vmi, Node: "n", State: ftv1.SideState(state), Epoch: 3}
 	}
+	secondaryCreated := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	aloneSince := func(vmi string, at time.Time) *ftv1.SideStatus {
+		s := side(vmi, "Alone")
+		s.Since = &metav1.Time{Time: at}
+		return s
+	}
 	cases := []struct {
 		name                 string
 		rep                  *ftv1.ReplicationStatus
@@ -130,9 +136,13 @@ func TestFromReplication(t *testing.T) {
 		{"the primary was fenced", &ftv1.ReplicationStatus{Primary: side("vm-1", "Fenced")}, ReasonFenced, ""},
 		{"the secondary was fenced", &ftv1.ReplicationStatus{Primary: side("vm-1", "Alone"), Secondary: side("vm-2", "Fenced")}, "", ReasonFenced},
 		{"a report of an earlier member", &ftv1.ReplicationStatus{Primary: side("vm-0", "Fenced"), Secondary: side("vm-0", "Alone")}, "", ""},
+		{"the primary went alone after the secondary was created", &ftv1.ReplicationStatus{Primary: aloneSince("vm-1", secondaryCreated.Add(20*time.Second)), Secondary: side("vm-2", "Replicating")}, "", ReasonPrimaryWentAlone},
+		{"the primary alone since before the secondary: waiting for it to join", &ftv1.ReplicationStatus{Primary: aloneSince("vm-1", secondaryCreated.Add(-time.Minute))}, "", ""},
+		{"the primary alone in the second the secondary was created: not decided", &ftv1.ReplicationStatus{Primary: aloneSince("vm-1", secondaryCreated)}, "", ""},
+		{"an earlier primary alone after the secondary was created", &ftv1.ReplicationStatus{Primary: aloneSince("vm-0", secondaryCreated.Add(time.Minute))}, "", ""},
 	}
 	for _, c := range cases {
-		p, s := FromReplication(c.rep, "vm-1", "vm-2")
+		p, s := FromReplication(c.rep, "vm-1", "vm-2", secondaryCreated)
 		reason := func(v *Verdict) string {
 			if v == nil {
 				return ""
