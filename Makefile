@@ -31,9 +31,10 @@ help: ## Show the targets.
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the Go types and markers.
-	$(CONTROLLER_GEN) rbac:roleName=lockstep-operator crd:allowDangerousTypes=true \
-		paths="./api/..." paths="./controllers/..." \
-		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=lockstep-operator crd:allowDangerousTypes=true webhook \
+		paths="./api/..." paths="./controllers/..." paths="./internal/admission/..." \
+		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac \
+		output:webhook:artifacts:config=config/webhook
 	go run ./hack/crdtrim config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml
 	$(CONTROLLER_GEN) rbac:roleName=lockstepd paths="./internal/lockstepd/..." output:rbac:artifacts:config=config/lockstepd/rbac
 

@@ -51,7 +51,6 @@ var _ = Describe("FaultTolerantVM", func() {
 		It("runs a primary and a secondary on two nodes, with anti-affinity and full reservations, and keeps the guest off the logging network", func() {
 			ftvm := newFTVM(ns, "mail-01")
 			ftvm.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 2}
-			ftvm.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}
 			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
 
 			got := waitForState(ns, "mail-01", ftv1.StateProtected)
@@ -223,10 +222,25 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(metav1.IsControlledBy(pvc, got)).To(BeTrue())
 		})
 
-		It("waits for a missing logging network, and creates one from the given config", func() {
+		It("waits for a logging network that went away after admission, and creates one from the given config", func() {
+			otherNet := func() *nadv1.NetworkAttachmentDefinition {
+				return &nadv1.NetworkAttachmentDefinition{
+					ObjectMeta: metav1.ObjectMeta{Name: "other-net", Namespace: ns},
+					Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"bridge"}`},
+				}
+			}
+			// Admission refuses a missing network, so it goes after the VM is admitted (halted).
+			Expect(k8s.Create(ctx(), otherNet())).To(Succeed())
 			ftvm := newFTVM(ns, "nonet")
 			ftvm.Spec.LoggingNetwork.Name = "other-net"
+			ftvm.Spec.RunStrategy = ftv1.RunStrategyHalted
 			Expect(k8s.Create(ctx(), ftvm)).To(Succeed())
+			Expect(k8s.Delete(ctx(), otherNet())).To(Succeed())
+			Eventually(func() error {
+				got := getFTVM(ns, "nonet")
+				got.Spec.RunStrategy = ftv1.RunStrategyRunning
+				return k8s.Update(ctx(), got)
+			}, timeout, interval).Should(Succeed())
 			Eventually(func() string {
 				c := condition(getFTVM(ns, "nonet"), ftv1.ConditionPrimaryReady)
 				if c == nil {
@@ -245,10 +259,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(nad.Spec.Config).To(ContainSubstring(`"bridge"`))
 
 			By("creating the missing network, the waiting VM starts")
-			Expect(k8s.Create(ctx(), &nadv1.NetworkAttachmentDefinition{
-				ObjectMeta: metav1.ObjectMeta{Name: "other-net", Namespace: ns},
-				Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"bridge"}`},
-			})).To(Succeed())
+			Expect(k8s.Create(ctx(), otherNet())).To(Succeed())
 			waitForState(ns, "nonet", ftv1.StateProtected)
 		})
 
@@ -696,44 +707,6 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(k8s.Delete(ctx(), getFTVM(ns, protected))).To(Succeed())
 			waitForState(ns, waiting, ftv1.StateProtected)
 			Expect(membersOnNode(nodeName("small"))).To(Equal(1))
-		})
-	})
-
-	Context("admission", func() {
-		It("rejects what cannot be protected, with a clear message", func() {
-			gpu := newFTVM(ns, "gpu")
-			gpu.Spec.Template.Spec.Domain.Devices.GPUs = []virtv1.GPU{{Name: "g", DeviceName: "nvidia.com/A100"}}
-			err := k8s.Create(ctx(), gpu)
-			Expect(err).To(MatchError(ContainSubstring("GPUs cannot be fault tolerant")))
-
-			noMem := newFTVM(ns, "nomem")
-			noMem.Spec.Template.Spec.Domain.Memory = nil
-			Expect(k8s.Create(ctx(), noMem)).To(MatchError(ContainSubstring("the guest memory must be set")))
-
-			host := newFTVM(ns, "hostdisk")
-			host.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{HostDisk: &virtv1.HostDisk{Path: "/x", Type: virtv1.HostDiskExists}}
-			Expect(k8s.Create(ctx(), host)).To(MatchError(ContainSubstring("hostDisk volumes cannot be fault tolerant")))
-
-			badRun := newFTVM(ns, "badrun")
-			badRun.Spec.RunStrategy = "Sometimes"
-			Expect(k8s.Create(ctx(), badRun)).To(MatchError(ContainSubstring("Unsupported value")))
-		})
-
-		It("reports a spec that admission cannot judge in status, and starts nothing", func() {
-			makeNode("node-1", "zone-a")
-			makeNode("node-2", "zone-a")
-			dv := newFTVM(ns, "dv")
-			dv.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "x"}}
-			Expect(k8s.Create(ctx(), dv)).To(Succeed())
-			Eventually(func() string {
-				c := condition(getFTVM(ns, "dv"), ftv1.ConditionValid)
-				if c == nil || c.Status != metav1.ConditionFalse {
-					return ""
-				}
-				return c.Message
-			}, timeout, interval).Should(ContainSubstring("dataVolume volumes are not supported"))
-			Consistently(func() int { return len(members(ns, "dv")) }, time.Second, interval).Should(BeZero())
-			Expect(eventReasons(ns, "dv")).To(ContainElement(ftv1.ReasonInvalidSpec))
 		})
 	})
 

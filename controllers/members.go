@@ -235,8 +235,5 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 
 // logBandwidthMbps is the logging bandwidth reserved for the VM (paper 2.10).
 func (r *FaultTolerantVMReconciler) logBandwidthMbps(ftvm *ftv1.FaultTolerantVM) int {
-	if l := ftvm.Spec.ExpectedLoad; l != nil {
-		return placement.LogBandwidthMbps(int(l.DiskReadMBps), int(l.NetworkReceiveMbps))
-	}
-	return r.Config.DefaultLogBandwidthMbps
+	return member.LogBandwidthMbps(ftvm, r.Config.DefaultLogBandwidthMbps)
 }

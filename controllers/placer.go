@@ -204,22 +204,10 @@ func memberOf(v *virtv1.VirtualMachineInstance) placement.Member {
 
 // limitsOf is the node's FT limit: the cluster default unless the node's annotations override it.
 func (p *Placer) limitsOf(ctx context.Context, n *corev1.Node) placement.Limits {
-	l := p.Defaults
-	override := func(key string, into *int) {
-		raw, ok := n.Annotations[key]
-		if !ok {
-			return
-		}
-		v, err := strconv.Atoi(raw)
-		if err != nil || v < 0 {
-			logr.FromContextOrDiscard(ctx).Info("ignoring invalid FT limit annotation", "node", n.Name, "annotation", key, "value", raw)
-			return
-		}
-		*into = v
+	l, ignored := member.NodeLimits(p.Defaults, n)
+	for _, key := range ignored {
+		logr.FromContextOrDiscard(ctx).Info("ignoring invalid FT limit annotation", "node", n.Name, "annotation", key, "value", n.Annotations[key])
 	}
-	override(ftv1.AnnotationNodeMaxVMs, &l.MaxMembers)
-	override(ftv1.AnnotationNodeMaxVCPUs, &l.MaxVCPUs)
-	override(ftv1.AnnotationNodeLogBandwidth, &l.LogBandwidthMbps)
 	return l
 }
 

@@ -2,8 +2,11 @@ package controllers_test
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,8 +21,10 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/admission"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
@@ -63,6 +68,8 @@ var _ = BeforeSuite(func() {
 		},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"),
+		// The generated webhook configurations, pointed at this process's webhook server.
+		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")}},
 	}
 	if os.Getenv("KUBEBUILDER_ASSETS") != "" {
 		testEnv.BinaryAssetsDirectory = ""
@@ -87,8 +94,37 @@ var _ = BeforeSuite(func() {
 		Expect(double.Start(suiteCtx)).To(Succeed())
 	}()
 
+	startWebhooks()
 	operator = startOperator()
 })
+
+// startWebhooks serves the admission webhooks as every operator replica does (admission.Setup),
+// from a manager of their own: the specs that stop and restart the operator's controllers do not
+// take admission down with them, as a second replica would keep it up in a cluster.
+func startWebhooks() {
+	wo := &testEnv.WebhookInstallOptions
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:        controllers.NewScheme(),
+		Metrics:       metricsserver.Options{BindAddress: "0"},
+		Cache:         controllers.CacheOptions(),
+		WebhookServer: webhook.NewServer(webhook.Options{Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir}),
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(admission.Setup(mgr, admission.Options{Limits: testLimits, DefaultLogBandwidthMbps: 100})).To(Succeed())
+	go func() {
+		defer GinkgoRecover()
+		Expect(mgr.Start(suiteCtx)).To(Succeed())
+	}()
+	// Serving once a TLS handshake with it succeeds.
+	addr := net.JoinHostPort(wo.LocalServingHost, strconv.Itoa(wo.LocalServingPort))
+	Eventually(func() error {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only checks that it serves
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}, 30*time.Second, 100*time.Millisecond).Should(Succeed())
+}
 
 // Every spec leaves the cluster as it found it: what one spec leaves behind must never decide
 // another's outcome (a leftover member once held FT slots on a node of the next spec).

@@ -16,6 +16,9 @@ checks=(
   "agent-without-kubernetes internal/agent sigs.k8s.io/controller-runtime/pkg/client"
   "agent-without-kubernetes internal/agent $mod/internal/arbiter"
   "operator-not-daemon controllers $mod/internal/lockstepd"
+  "operator-not-daemon internal/admission $mod/internal/lockstepd"
+  "rules-pure internal/validation sigs.k8s.io/controller-runtime/pkg/client"
+  "rules-pure internal/placement k8s.io/client-go/rest"
   "nodecert-pure internal/nodecert k8s.io/api/certificates/v1"
   "nodecert-pure internal/nodecert os"
 )

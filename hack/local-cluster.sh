@@ -143,7 +143,7 @@ start() {
       # shellcheck disable=SC2206 # OPERATOR_ARGS is a list of flags
       cmd=("$ROOT/bin/lockstep-operator" --kubeconfig "$RUN_DIR/operator.kubeconfig"
         --leader-elect --leader-election-namespace lockstep-system --metrics-bind-address 0 --health-probe-bind-address 0
-        --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s ${OPERATOR_ARGS:-})
+        --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s --webhooks=false ${OPERATOR_ARGS:-})
       if full_stack; then cmd+=(--colo); fi ;;
     kubevirt-double)
       cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")

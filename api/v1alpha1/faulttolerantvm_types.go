@@ -17,6 +17,19 @@ const (
 	RunStrategyHalted RunStrategy = "Halted"
 )
 
+// UpdatePolicy says what becomes of a template change while the VM runs.
+// +kubebuilder:validation:Enum=Staged;Refuse
+type UpdatePolicy string
+
+const (
+	// UpdatePolicyStaged accepts template changes at any time and applies them when the VM is
+	// halted and run again (KubeVirt's Stage rollout); RestartRequired says one is pending.
+	UpdatePolicyStaged UpdatePolicy = "Staged"
+	// UpdatePolicyRefuse refuses template changes at admission while runStrategy is Running:
+	// halt the VM, change it, run it again. For fleets where drift must be an error.
+	UpdatePolicyRefuse UpdatePolicy = "Refuse"
+)
+
 // FTState is the fault tolerance state of a FaultTolerantVM, as vSphere's FT summary shows it.
 // +kubebuilder:validation:Enum=Starting;Protected;NotProtected;FailingOver;Stopped
 type FTState string
@@ -146,6 +159,12 @@ type FaultTolerantVMSpec struct {
 	// +kubebuilder:default=Running
 	// +optional
 	RunStrategy RunStrategy `json:"runStrategy,omitempty"`
+
+	// UpdatePolicy: Staged (template changes wait for the VM's next halt and run) or Refuse
+	// (template changes are refused while the VM runs).
+	// +kubebuilder:default=Staged
+	// +optional
+	UpdatePolicy UpdatePolicy `json:"updatePolicy,omitempty"`
 
 	// LoggingNetwork is the dedicated network for FT logging traffic.
 	LoggingNetwork LoggingNetwork `json:"loggingNetwork"`

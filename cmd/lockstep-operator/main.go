@@ -15,8 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/admission"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
@@ -46,6 +48,14 @@ func main() {
 	flag.StringVar(&cfg.Member.COLO.HookSidecarImage, "kubevirt-hook-image", "", "With --colo: the image of lockstep-kubevirt-hook, run as each member's hook sidecar (KubeVirt's Sidecar feature gate); empty where the Plugins API brings the hook.")
 	flag.StringVar(&cfg.Member.COLO.CPUModel, "colo-cpu-model", "", "With --colo: the CPU model of members whose template names none (both members must show the guest the same CPU; KubeVirt's default host-model does only on identical nodes).")
 	flag.StringVar(&cfg.Member.COLO.RunDir, "members-run-dir", "/var/run/lockstep", "With --colo: the members' directories as QEMU sees them (lockstepd's --run-dir).")
+	var (
+		webhooks       bool
+		webhookPort    int
+		webhookCertDir string
+	)
+	flag.BoolVar(&webhooks, "webhooks", true, "Serve the admission webhooks (config/webhook); every replica serves them, leader or not.")
+	flag.IntVar(&webhookPort, "webhook-port", 9443, "Port of the admission webhooks.")
+	flag.StringVar(&webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory of the webhooks' tls.crt and tls.key (cert-manager's Secret, mounted); reloaded when they change.")
 	var lockstepdSA, lockstepdCA string
 	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs; empty: do not run the signer.")
 	flag.StringVar(&lockstepdCA, "lockstepd-ca", "lockstep-system/lockstepd-ca", "Secret (namespace/name) of the lockstepd CA, made when missing; its certificate is published in the ConfigMap of the same name.")
@@ -75,9 +85,15 @@ func main() {
 	if secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	webhookServer := webhook.NewServer(webhook.Options{
+		Port:    webhookPort,
+		CertDir: webhookCertDir,
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+	})
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  controllers.NewScheme(),
 		Metrics:                 metricsOpts,
+		WebhookServer:           webhookServer,
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          enableLE,
 		LeaderElectionID:        "lockstep-operator.ft.lockstep.dev",
@@ -95,11 +111,20 @@ func main() {
 		setupLog.Error(err, "setting up the controllers")
 		os.Exit(1)
 	}
+	ready := healthz.Ping
+	if webhooks {
+		if err := admission.Setup(mgr, admission.Options{Limits: limits, DefaultLogBandwidthMbps: cfg.DefaultLogBandwidthMbps}); err != nil {
+			setupLog.Error(err, "setting up the webhooks")
+			os.Exit(1)
+		}
+		// Ready once the webhook server serves, so that its Service sends requests only here.
+		ready = webhookServer.StartedChecker()
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		setupLog.Error(err, "adding the health check")
 		os.Exit(1)
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		setupLog.Error(err, "adding the readiness check")
 		os.Exit(1)
 	}

@@ -1,12 +1,17 @@
-// Package validation says whether a FaultTolerantVM can be protected. It is pure: the CRD's CEL
-// rules reject the simplest cases at admission, and the reconciler runs Validate before it starts
-// anything, so a spec that slips past admission is reported in status and nothing runs from it.
+// Package validation says whether a FaultTolerantVM can be protected. It is pure: the admission
+// webhook (internal/admission) runs these rules before an object is stored, the CRD's CEL rules
+// repeat the simplest where the webhook is not installed, and the reconciler runs Validate before
+// it starts anything, so a spec that slips past admission is reported in status and nothing runs
+// from it.
 package validation
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	virtv1 "kubevirt.io/api/core/v1"
 
@@ -21,16 +26,66 @@ const MaxNameLength = 56
 // Validate returns every reason the FaultTolerantVM cannot be protected.
 func Validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	var errs field.ErrorList
-	if len(ftvm.Name) > MaxNameLength {
-		errs = append(errs, field.TooLong(field.NewPath("metadata", "name"), ftvm.Name, MaxNameLength))
-	}
+	errs = append(errs, validateName(ftvm.Name)...)
+	errs = append(errs, validateLoggingNetwork(&ftvm.Spec.LoggingNetwork, field.NewPath("spec", "loggingNetwork"))...)
 	spec := field.NewPath("spec", "template", "spec")
 	vmi := &ftvm.Spec.Template.Spec
 	errs = append(errs, validateResources(vmi, spec.Child("domain"))...)
+	errs = append(errs, validateReservation(vmi, spec.Child("domain"))...)
+	errs = append(errs, validateFirmware(vmi, spec.Child("domain"))...)
 	errs = append(errs, validateDevices(vmi, spec.Child("domain", "devices"))...)
+	errs = append(errs, validateDisks(vmi, spec.Child("domain", "devices", "disks"))...)
 	errs = append(errs, validateVolumes(vmi, spec.Child("volumes"))...)
 	errs = append(errs, validateNetworks(vmi, spec, ftvm)...)
 	return errs
+}
+
+// validateName: members are VMIs named <name>-<ordinal>, and KubeVirt puts a VMI's name in its
+// launcher pod's labels and uses it as the guest's hostname, so the name is a DNS label short
+// enough to take the ordinal.
+func validateName(name string) field.ErrorList {
+	path := field.NewPath("metadata", "name")
+	if len(name) > MaxNameLength {
+		return field.ErrorList{field.TooLong(path, name, MaxNameLength)}
+	}
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Label(name) {
+		errs = append(errs, field.Invalid(path, name, msg+": the members' VMIs are named <name>-<ordinal> and their hostnames must be DNS labels"))
+	}
+	return errs
+}
+
+// validateLoggingNetwork checks a CNI configuration that the operator would create the logging
+// network from; an existing network's own configuration is the webhook's to read.
+func validateLoggingNetwork(n *ftv1.LoggingNetwork, path *field.Path) field.ErrorList {
+	if n.Config == "" {
+		return nil
+	}
+	if why := CNIConfigProblem(n.Config); why != "" {
+		return field.ErrorList{field.Invalid(path.Child("config"), "(CNI configuration)", why)}
+	}
+	return nil
+}
+
+// CNIConfigProblem says why a CNI configuration (a NetworkAttachmentDefinition's spec.config)
+// cannot carry the logging network, or "" when it can: it must be a JSON object with a
+// cniVersion and a type (or a plugins list), as Multus requires.
+func CNIConfigProblem(config string) string {
+	var conf struct {
+		CNIVersion string            `json:"cniVersion"`
+		Type       string            `json:"type"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(config), &conf); err != nil {
+		return "not a JSON object: " + err.Error()
+	}
+	if conf.CNIVersion == "" {
+		return `the CNI configuration has no "cniVersion"`
+	}
+	if conf.Type == "" && len(conf.Plugins) == 0 {
+		return `the CNI configuration has neither a "type" nor a "plugins" list`
+	}
+	return ""
 }
 
 func validateResources(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
@@ -44,6 +99,57 @@ func validateResources(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path)
 	}
 	if mem := vmi.Domain.Memory; mem != nil && mem.MaxGuest != nil && (mem.Guest == nil || mem.MaxGuest.Cmp(*mem.Guest) != 0) {
 		errs = append(errs, field.Forbidden(path.Child("memory", "maxGuest"), "memory hotplug is not supported for fault tolerant VMs"))
+	}
+	return errs
+}
+
+// validateReservation: FT reserves the guest's memory and CPUs in full on both nodes (white paper
+// 2.1), so a template that asks for less than the guest uses, or overcommits it, is refused
+// rather than silently changed.
+func validateReservation(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	res := &vmi.Domain.Resources
+	rpath := path.Child("resources")
+	if res.OvercommitGuestOverhead {
+		errs = append(errs, field.Forbidden(rpath.Child("overcommitGuestOverhead"),
+			"FT reserves the guest's memory and its overhead in full on both nodes; remove overcommitGuestOverhead"))
+	}
+	if guest, ok := member.GuestMemory(vmi); ok {
+		for _, side := range []struct {
+			name string
+			list corev1.ResourceList
+		}{{"requests", res.Requests}, {"limits", res.Limits}} {
+			if q, set := side.list[corev1.ResourceMemory]; set && q.Cmp(guest) != 0 {
+				errs = append(errs, field.Invalid(rpath.Child(side.name, "memory"), q.String(),
+					fmt.Sprintf("FT reserves the guest memory in full: set it to the guest memory (%s) or leave it out", guest.String())))
+			}
+		}
+	}
+	vcpus := member.VCPUs(vmi)
+	for _, side := range []struct {
+		name string
+		list corev1.ResourceList
+	}{{"requests", res.Requests}, {"limits", res.Limits}} {
+		q, set := side.list[corev1.ResourceCPU]
+		if set && q.MilliValue() != int64(vcpus)*1000 {
+			errs = append(errs, field.Invalid(rpath.Child(side.name, "cpu"), q.String(),
+				fmt.Sprintf("FT reserves a whole host CPU per vCPU: set it to the vCPU count (%d) or leave it out", vcpus)))
+		}
+	}
+	return errs
+}
+
+// validateFirmware refuses firmware state that lives outside the VM's memory and disks.
+func validateFirmware(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if fw := vmi.Domain.Firmware; fw != nil && fw.Bootloader != nil && fw.Bootloader.EFI != nil &&
+		fw.Bootloader.EFI.Persistent != nil && *fw.Bootloader.EFI.Persistent {
+		errs = append(errs, field.Forbidden(path.Child("firmware", "bootloader", "efi", "persistent"),
+			"persistent EFI variables live in one VM's backend storage, which the secondary cannot have; leave persistent unset"))
+	}
+	if ls := vmi.Domain.LaunchSecurity; ls != nil {
+		errs = append(errs, field.Forbidden(path.Child("launchSecurity"),
+			"confidential VMs (SEV, SNP, TDX) encrypt their memory with a key of one host, so it cannot be replicated"))
 	}
 	return errs
 }
@@ -64,6 +170,36 @@ func validateDevices(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) f
 	if len(d.Filesystems) > 0 {
 		errs = append(errs, field.Forbidden(path.Child("filesystems"), "virtiofs filesystems are shared host state that the secondary cannot replicate; use a disk"))
 	}
+	if d.TPM != nil && d.TPM.Persistent != nil && *d.TPM.Persistent {
+		errs = append(errs, field.Forbidden(path.Child("tpm", "persistent"),
+			"a persistent TPM keeps its state in one VM's backend storage, which the secondary cannot have; leave persistent unset"))
+	}
+	if d.DownwardMetrics != nil {
+		errs = append(errs, field.Forbidden(path.Child("downwardMetrics"),
+			"downward metrics show each member its own host, so the two copies of the guest would read different values; remove it"))
+	}
+	return errs
+}
+
+// validateDisks refuses disks that a member cannot have a copy of its own of.
+func validateDisks(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, d := range vmi.Domain.Devices.Disks {
+		p := path.Index(i)
+		if d.LUN != nil {
+			if d.LUN.Reservation {
+				errs = append(errs, field.Forbidden(p.Child("lun", "reservation"),
+					"SCSI persistent reservations belong to one host's initiator and cannot move to the secondary; use a disk of type disk"))
+			} else {
+				errs = append(errs, field.Forbidden(p.Child("lun"),
+					"a LUN passes SCSI commands to one host's device, outside the replication; use a disk of type disk"))
+			}
+		}
+		if d.Shareable != nil && *d.Shareable {
+			errs = append(errs, field.Forbidden(p.Child("shareable"),
+				"each member keeps its own copy of every disk, so a disk cannot be shared with other VMs"))
+		}
+	}
 	return errs
 }
 
@@ -80,6 +216,9 @@ func validateVolumes(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) f
 			errs = append(errs, field.Forbidden(p.Child("memoryDump"), "memoryDump volumes are not supported for fault tolerant VMs"))
 		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.Hotpluggable:
 			errs = append(errs, field.Forbidden(p.Child("persistentVolumeClaim", "hotpluggable"), "hotplugged volumes are not supported for fault tolerant VMs"))
+		case v.DownwardMetrics != nil:
+			errs = append(errs, field.Forbidden(p.Child("downwardMetrics"),
+				"downward metrics show each member its own host, so the two copies of the guest would read different values; remove it"))
 		}
 	}
 	return errs

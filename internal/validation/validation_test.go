@@ -9,7 +9,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	virtv1 "kubevirt.io/api/core/v1"
 
+	"k8s.io/utils/ptr"
+
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
 func valid() *ftv1.FaultTolerantVM {
@@ -70,6 +73,41 @@ func TestValidate(t *testing.T) {
 			m := resource.MustParse("4Gi")
 			f.Spec.Template.Spec.Domain.Memory.MaxGuest = &m
 		}, "memory hotplug"},
+		{"dotted name", func(f *ftv1.FaultTolerantVM) { f.Name = "a.b" }, "DNS labels"},
+		{"memory request below the guest", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}
+		}, "resources.requests.memory"},
+		{"memory limit above the guest", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}
+		}, "resources.limits.memory"},
+		{"fractional CPU", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}
+		}, "vCPU count (1)"},
+		{"overcommitted overhead", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Domain.Resources.OvercommitGuestOverhead = true }, "overcommitGuestOverhead"},
+		{"usb", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.ClientPassthrough = &virtv1.ClientPassthroughDevices{}
+		}, "USB"},
+		{"persistent tpm", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.TPM = &virtv1.TPMDevice{Persistent: ptr.To(true)}
+		}, "tpm.persistent"},
+		{"persistent efi", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Firmware = &virtv1.Firmware{Bootloader: &virtv1.Bootloader{EFI: &virtv1.EFI{Persistent: ptr.To(true)}}}
+		}, "efi.persistent"},
+		{"sev", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Domain.LaunchSecurity = &virtv1.LaunchSecurity{} }, "launchSecurity"},
+		{"downward metrics", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.DownwardMetrics = &virtv1.DownwardMetrics{}
+		}, "downwardMetrics"},
+		{"lun", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{LUN: &virtv1.LunTarget{}}}}
+		}, "disks[0].lun"},
+		{"persistent reservation", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{LUN: &virtv1.LunTarget{Reservation: true}}}}
+		}, "lun.reservation"},
+		{"shareable", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", Shareable: ptr.To(true)}}
+		}, "shareable"},
+		{"logging config not JSON", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Config = "macvlan" }, "not a JSON object"},
+		{"logging config without a type", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Config = `{"cniVersion":"1.0.0"}` }, `neither a "type"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -81,6 +119,109 @@ func TestValidate(t *testing.T) {
 			}
 			if msg := errs.ToAggregate().Error(); !strings.Contains(msg, c.want) {
 				t.Fatalf("message %q does not contain %q", msg, c.want)
+			}
+		})
+	}
+}
+
+func TestFullReservationIsValid(t *testing.T) {
+	f := valid()
+	f.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 2}
+	f.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1024Mi"), corev1.ResourceCPU: resource.MustParse("2")}
+	f.Spec.Template.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceCPU: resource.MustParse("2000m")}
+	f.Spec.LoggingNetwork.Config = `{"cniVersion":"1.0.0","plugins":[{"type":"macvlan"}]}`
+	if errs := Validate(f); len(errs) != 0 {
+		t.Fatalf("a full reservation, written another way, was refused: %v", errs)
+	}
+}
+
+func TestValidateUpdate(t *testing.T) {
+	running := valid()
+	running.Spec.RunStrategy, running.Spec.UpdatePolicy = ftv1.RunStrategyRunning, ftv1.UpdatePolicyRefuse
+	changed := running.DeepCopy()
+	changed.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 2}
+	relabelled := running.DeepCopy()
+	relabelled.Labels = map[string]string{"team": "mail"}
+	halted := running.DeepCopy()
+	halted.Spec.RunStrategy = ftv1.RunStrategyHalted
+	haltedChanged := changed.DeepCopy()
+	haltedChanged.Spec.RunStrategy = ftv1.RunStrategyHalted
+	staged := running.DeepCopy()
+	staged.Spec.UpdatePolicy = ftv1.UpdatePolicyStaged
+	stagedChanged := changed.DeepCopy()
+	stagedChanged.Spec.UpdatePolicy = ftv1.UpdatePolicyStaged
+	for _, c := range []struct {
+		name       string
+		old, new   *ftv1.FaultTolerantVM
+		wantRefuse bool
+	}{
+		{"template change while running", running, changed, true},
+		{"template change and halt at once", running, haltedChanged, true},
+		{"metadata change while running", running, relabelled, false},
+		{"halt", running, halted, false},
+		{"template change while halted", halted, haltedChanged, false},
+		{"template change under Staged", staged, stagedChanged, false},
+		{"policy relaxed to Staged with the change", running, stagedChanged, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if errs := ValidateUpdate(c.old, c.new); (len(errs) > 0) != c.wantRefuse {
+				t.Fatalf("refused=%v, want %v: %v", len(errs) > 0, c.wantRefuse, errs)
+			}
+		})
+	}
+}
+
+func TestValidateRoom(t *testing.T) {
+	limits := placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 1000}
+	node := func(name string, l placement.Limits, mem string) Room {
+		r := Room{Name: name, Limits: l}
+		if mem != "" {
+			r.Memory = resource.MustParse(mem)
+		}
+		return r
+	}
+	wide := valid()
+	wide.Spec.Template.Spec.Domain.CPU = &virtv1.CPU{Cores: 12}
+	for _, c := range []struct {
+		name      string
+		ftvm      *ftv1.FaultTolerantVM
+		bw        int
+		nodes     []Room
+		wantErr   string
+		wantWarn  string
+		wantClean bool
+	}{
+		{name: "no nodes yet", ftvm: wide, bw: 100, wantWarn: "no nodes yet"},
+		{name: "fits two", ftvm: valid(), bw: 100, nodes: []Room{node("a", limits, ""), node("b", limits, "")}, wantClean: true},
+		{name: "above every vCPU limit", ftvm: wide, bw: 100, nodes: []Room{node("a", limits, ""), node("b", limits, "")},
+			wantErr: "2 nodes where the FT vCPU limit is 8"},
+		{name: "one node raised", ftvm: wide, bw: 100, nodes: []Room{node("a", placement.Limits{MaxMembers: 4, MaxVCPUs: 16}, ""), node("b", limits, "")},
+			wantWarn: "only node a"},
+		{name: "memory", ftvm: valid(), bw: 100, nodes: []Room{node("a", limits, "512Mi"), node("b", limits, "512Mi")},
+			wantErr: "2 nodes where it has 512Mi of memory to allocate"},
+		{name: "no FT slots", ftvm: valid(), bw: 100, nodes: []Room{node("a", placement.Limits{MaxVCPUs: 8}, "")},
+			wantErr: "the FT VM limit is 0"},
+		{name: "bandwidth", ftvm: valid(), bw: 2000, nodes: []Room{node("a", limits, ""), node("b", limits, "")},
+			wantErr: "logging bandwidth budget is 1000 Mbit/s"},
+		{name: "bandwidth not budgeted", ftvm: valid(), bw: 2000, nodes: []Room{node("a", placement.Limits{MaxMembers: 4, MaxVCPUs: 8}, ""), node("b", placement.Limits{MaxMembers: 4, MaxVCPUs: 8}, "")},
+			wantClean: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			errs, warnings := ValidateRoom(c.ftvm, c.bw, c.nodes)
+			msg := errs.ToAggregate()
+			switch {
+			case c.wantClean:
+				if len(errs) > 0 || len(warnings) > 0 {
+					t.Fatalf("errors %v, warnings %v", errs, warnings)
+				}
+			case c.wantErr != "":
+				if msg == nil || !strings.Contains(msg.Error(), c.wantErr) {
+					t.Fatalf("error %v, want %q", msg, c.wantErr)
+				}
+			default:
+				if len(errs) > 0 || len(warnings) != 1 || !strings.Contains(warnings[0], c.wantWarn) {
+					t.Fatalf("errors %v, warnings %v, want the warning %q", errs, warnings, c.wantWarn)
+				}
 			}
 		})
 	}

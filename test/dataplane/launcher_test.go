@@ -21,15 +21,16 @@ import (
 	"github.com/lockstep-dev/lockstep/test/apitest"
 )
 
-// TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook applies config/kubevirt to the real API
+// TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook applies config/kubevirt and
+// config/kubevirt-plugin to the real API
 // server and creates launcher pods as KubeVirt would: a member's gets the node's member
 // directory at the same path in its compute container, and the hook as the Plugin's sidecar
 // (with equal requests and limits, so the pod keeps its Guaranteed QoS); a plain VM's launcher
 // pod is left as it is. The Plugin resource validates against KubeVirt v1.9's schema.
 func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
 	ctx := context.Background()
-	for _, f := range []string{"member-directory-policy.yaml", "plugin.yaml"} {
-		apitest.Apply(t, k8s, filepath.Join(root, "config", "kubevirt", f))
+	for _, f := range []string{"kubevirt/member-directory-policy.yaml", "kubevirt-plugin/plugin.yaml"} {
+		apitest.Apply(t, k8s, filepath.Join(root, "config", f))
 	}
 	plugin := &unstructured.Unstructured{}
 	plugin.SetGroupVersionKind(schema.GroupVersionKind{Group: "plugin.kubevirt.io", Version: "v1alpha1", Kind: "Plugin"})

@@ -1,0 +1,25 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+)
+
+func TestDefault(t *testing.T) {
+	empty := &FaultTolerantVM{}
+	Default(empty)
+	if empty.Spec.RunStrategy != RunStrategyRunning || empty.Spec.UpdatePolicy != UpdatePolicyStaged {
+		t.Fatalf("defaults not set: %+v", empty.Spec)
+	}
+	again := empty.DeepCopy()
+	Default(again)
+	if !equality.Semantic.DeepEqual(empty, again) {
+		t.Fatal("defaulting twice changed the object: a GitOps tool would see drift")
+	}
+	set := &FaultTolerantVM{Spec: FaultTolerantVMSpec{RunStrategy: RunStrategyHalted, UpdatePolicy: UpdatePolicyRefuse}}
+	Default(set)
+	if set.Spec.RunStrategy != RunStrategyHalted || set.Spec.UpdatePolicy != UpdatePolicyRefuse {
+		t.Fatalf("defaulting overwrote what was set: %+v", set.Spec)
+	}
+}

@@ -1,0 +1,176 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+	"github.com/lockstep-dev/lockstep/internal/validation"
+)
+
+// +kubebuilder:webhook:path=/mutate-ft-lockstep-dev-v1alpha1-faulttolerantvm,mutating=true,failurePolicy=fail,sideEffects=None,groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=create;update,versions=v1alpha1,name=mfaulttolerantvm.ft.lockstep.dev,admissionReviewVersions=v1,timeoutSeconds=10,reinvocationPolicy=Never
+// +kubebuilder:webhook:path=/validate-ft-lockstep-dev-v1alpha1-faulttolerantvm,mutating=false,failurePolicy=fail,sideEffects=None,groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=create;update,versions=v1alpha1,name=vfaulttolerantvm.ft.lockstep.dev,admissionReviewVersions=v1,timeoutSeconds=10
+
+// The webhook reads nodes (their FT limits and capacity) and logging networks.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=k8s.cni.cncf.io,resources=network-attachment-definitions,verbs=get;list;watch
+
+// FaultTolerantVMDefaulter sets the spec's defaults (ftv1.Default).
+type FaultTolerantVMDefaulter struct{}
+
+var _ admission.Defaulter[*ftv1.FaultTolerantVM] = FaultTolerantVMDefaulter{}
+
+// Default sets the defaults.
+func (FaultTolerantVMDefaulter) Default(_ context.Context, ftvm *ftv1.FaultTolerantVM) error {
+	ftv1.Default(ftvm)
+	return nil
+}
+
+// FaultTolerantVMValidator refuses what FT cannot protect.
+type FaultTolerantVMValidator struct {
+	// Reader reads nodes and logging networks (the operator's cache).
+	Reader client.Reader
+	// Limits are the cluster's FT limits, which nodes' annotations override.
+	Limits placement.Limits
+	// DefaultLogBandwidthMbps is reserved for a VM without spec.expectedLoad.
+	DefaultLogBandwidthMbps int
+}
+
+var _ admission.Validator[*ftv1.FaultTolerantVM] = &FaultTolerantVMValidator{}
+
+// ValidateCreate runs every rule.
+func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (admission.Warnings, error) {
+	errs := validation.Validate(ftvm)
+	netErrs, warnings, err := v.loggingNetwork(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	errs = append(errs, netErrs...)
+	roomErrs, roomWarnings, err := v.room(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	return append(warnings, roomWarnings...), invalid(ftvm, append(errs, roomErrs...))
+}
+
+// ValidateUpdate refuses only what the update makes wrong: a rule that the stored object already
+// broke (it was admitted before the rule, or before the webhook) does not block a change that
+// leaves it as it was, so that a VM can always be halted, fixed or deleted. The operator's own
+// metadata writes (finalizers) and every write to an object being deleted pass.
+func (v *FaultTolerantVMValidator) ValidateUpdate(ctx context.Context, old, ftvm *ftv1.FaultTolerantVM) (admission.Warnings, error) {
+	if !ftvm.DeletionTimestamp.IsZero() {
+		return nil, nil
+	}
+	errs := newErrors(validation.Validate(old), validation.Validate(ftvm))
+	errs = append(errs, validation.ValidateUpdate(old, ftvm)...)
+	var warnings admission.Warnings
+	if old.Spec.LoggingNetwork != ftvm.Spec.LoggingNetwork {
+		netErrs, w, err := v.loggingNetwork(ctx, ftvm)
+		if err != nil {
+			return nil, err
+		}
+		errs, warnings = append(errs, netErrs...), append(warnings, w...)
+	}
+	if resized(old, ftvm) {
+		roomErrs, w, err := v.room(ctx, ftvm)
+		if err != nil {
+			return nil, err
+		}
+		errs, warnings = append(errs, roomErrs...), append(warnings, w...)
+	}
+	return warnings, invalid(ftvm, errs)
+}
+
+// ValidateDelete never refuses: deleting a FaultTolerantVM removes its members.
+func (v *FaultTolerantVMValidator) ValidateDelete(context.Context, *ftv1.FaultTolerantVM) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// loggingNetwork refuses a logging network that does not exist (unless the spec gives the
+// configuration to create it from) or whose configuration Multus could not use.
+func (v *FaultTolerantVMValidator) loggingNetwork(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (field.ErrorList, admission.Warnings, error) {
+	path := field.NewPath("spec", "loggingNetwork", "name")
+	ns, name := member.LoggingNetworkKey(ftvm)
+	var nad nadv1.NetworkAttachmentDefinition
+	err := v.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &nad)
+	switch {
+	case apierrors.IsNotFound(err):
+		if ftvm.Spec.LoggingNetwork.Config != "" {
+			return nil, nil, nil // the operator creates it from spec.loggingNetwork.config
+		}
+		return field.ErrorList{field.NotFound(path, fmt.Sprintf("NetworkAttachmentDefinition %s/%s: create it first, or give spec.loggingNetwork.config for lockstep to create it", ns, name))}, nil, nil
+	case meta.IsNoMatchError(err):
+		return field.ErrorList{field.Invalid(path, ftvm.Spec.LoggingNetwork.Name, "NetworkAttachmentDefinitions are not served by this cluster: install Multus")}, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading the logging network %s/%s: %w", ns, name, err)
+	}
+	if why := validation.CNIConfigProblem(nad.Spec.Config); nad.Spec.Config != "" && why != "" {
+		return field.ErrorList{field.Invalid(path, ftvm.Spec.LoggingNetwork.Name, fmt.Sprintf("NetworkAttachmentDefinition %s/%s cannot carry the logging network: %s", ns, name, why))}, nil, nil
+	}
+	if ftvm.Spec.LoggingNetwork.Config != "" && ftvm.Spec.LoggingNetwork.Config != nad.Spec.Config {
+		return nil, admission.Warnings{fmt.Sprintf("NetworkAttachmentDefinition %s/%s exists and is used as it is: spec.loggingNetwork.config is ignored", ns, name)}, nil
+	}
+	return nil, nil, nil
+}
+
+// room refuses a VM that no node could ever hold.
+func (v *FaultTolerantVMValidator) room(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (field.ErrorList, admission.Warnings, error) {
+	var nodes corev1.NodeList
+	if err := v.Reader.List(ctx, &nodes); err != nil {
+		return nil, nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	rooms := make([]validation.Room, 0, len(nodes.Items))
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		limits, _ := member.NodeLimits(v.Limits, n)
+		rooms = append(rooms, validation.Room{
+			Name: n.Name, Limits: limits,
+			CPU: n.Status.Allocatable[corev1.ResourceCPU], Memory: n.Status.Allocatable[corev1.ResourceMemory],
+		})
+	}
+	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms)
+	return errs, warnings, nil
+}
+
+// resized says whether an update changes what the VM needs of a node.
+func resized(old, ftvm *ftv1.FaultTolerantVM) bool {
+	oldMem, _ := member.GuestMemory(&old.Spec.Template.Spec)
+	newMem, _ := member.GuestMemory(&ftvm.Spec.Template.Spec)
+	return member.VCPUs(&old.Spec.Template.Spec) != member.VCPUs(&ftvm.Spec.Template.Spec) ||
+		oldMem.Cmp(newMem) != 0 ||
+		member.LogBandwidthMbps(old, 0) != member.LogBandwidthMbps(ftvm, 0)
+}
+
+// newErrors is what after has that before did not.
+func newErrors(before, after field.ErrorList) field.ErrorList {
+	had := make(map[string]bool, len(before))
+	for _, e := range before {
+		had[e.Error()] = true
+	}
+	var out field.ErrorList
+	for _, e := range after {
+		if !had[e.Error()] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// invalid is the API's Invalid error for a FaultTolerantVM, or nil.
+func invalid(ftvm *ftv1.FaultTolerantVM, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(ftv1.GroupVersion.WithKind("FaultTolerantVM").GroupKind(), ftvm.Name, errs)
+}

@@ -1,0 +1,43 @@
+package member
+
+import (
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// NodeLimits is a node's FT limit: the cluster's defaults, overridden by the node's annotations
+// (ft.lockstep.dev/max-ft-vms, max-ft-vcpus, log-bandwidth-mbps). It also returns the
+// annotations it ignored because they are not whole numbers of zero or more.
+func NodeLimits(defaults placement.Limits, n *corev1.Node) (placement.Limits, []string) {
+	l := defaults
+	var ignored []string
+	override := func(key string, into *int) {
+		raw, ok := n.Annotations[key]
+		if !ok {
+			return
+		}
+		v, err := strconv.Atoi(raw)
+		if err != nil || v < 0 {
+			ignored = append(ignored, key)
+			return
+		}
+		*into = v
+	}
+	override(ftv1.AnnotationNodeMaxVMs, &l.MaxMembers)
+	override(ftv1.AnnotationNodeMaxVCPUs, &l.MaxVCPUs)
+	override(ftv1.AnnotationNodeLogBandwidth, &l.LogBandwidthMbps)
+	return l, ignored
+}
+
+// LogBandwidthMbps is the logging bandwidth reserved for the VM on each member's node: the white
+// paper's sizing formula (2.10) over spec.expectedLoad, or defaultMbps without it.
+func LogBandwidthMbps(ftvm *ftv1.FaultTolerantVM, defaultMbps int) int {
+	if l := ftvm.Spec.ExpectedLoad; l != nil {
+		return placement.LogBandwidthMbps(int(l.DiskReadMBps), int(l.NetworkReceiveMbps))
+	}
+	return defaultMbps
+}
