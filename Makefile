@@ -16,6 +16,8 @@ BUF := $(BIN)/buf
 PROTOC_GEN_GO := $(BIN)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(BIN)/protoc-gen-go-grpc
 KUSTOMIZE := $(BIN)/kustomize
+HELM := $(BIN)/helm
+PROMTOOL := $(BIN)/promtool
 IMG ?= ghcr.io/lockstep-dev/lockstep-operator:dev
 
 .PHONY: all
@@ -30,13 +32,14 @@ help: ## Show the targets.
 ##@ Development
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the Go types and markers.
+manifests: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Generate the CRD and RBAC manifests from the Go types and markers.
 	$(CONTROLLER_GEN) rbac:roleName=lockstep-operator crd:allowDangerousTypes=true webhook \
 		paths="./api/..." paths="./controllers/..." paths="./internal/admission/..." \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
 	go run ./hack/crdtrim config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml
 	$(CONTROLLER_GEN) rbac:roleName=lockstepd paths="./internal/lockstepd/..." output:rbac:artifacts:config=config/lockstepd/rbac
+	KUSTOMIZE=$(KUSTOMIZE) hack/chart-files.sh
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Generate the deepcopy functions and the KubeVirt hook protocols' Go code.
@@ -60,14 +63,14 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
 verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or go.mod are stale, or code is unformatted.
 	go mod tidy
 	@if [ -n "$$(gofmt -l $$(git ls-files '*.go'))" ]; then echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; fi
-	@if [ -n "$$(git status --porcelain -- api config internal/kubevirthook/api go.mod go.sum)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config charts internal/kubevirthook/api go.mod go.sum)" ]; then \
 		echo "generated files are stale; run 'make manifests generate' and 'go mod tidy', then commit:"; \
-		git status --porcelain -- api config internal/kubevirthook/api go.mod go.sum; git --no-pager diff --stat -- api config internal/kubevirthook/api go.mod go.sum; exit 1; fi
+		git status --porcelain -- api config charts internal/kubevirthook/api go.mod go.sum; git --no-pager diff --stat -- api config charts internal/kubevirthook/api go.mod go.sum; exit 1; fi
 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-envtest test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-rules test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -77,6 +80,16 @@ test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, val
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
 	go test -race -count=1 ./internal/arbiter/...
 	go test -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
+
+.PHONY: test-install
+test-install: envtest-assets test-crds $(HELM) $(KUSTOMIZE) ## The install paths against a real API server: helm lint, the chart (default and non-default values) and config/default and config/prometheus by server-side dry run, and the chart and config/default installing the same.
+	go test -count=1 -timeout 10m -v ./test/install/...
+
+.PHONY: test-rules
+test-rules: $(PROMTOOL) ## The alert rules (config/prometheus/rules.yaml) checked and unit-tested with Prometheus's promtool.
+	go run ./hack/promrules config/prometheus/rules.yaml > $(BIN)/lockstep.rules.yaml
+	$(PROMTOOL) check rules $(BIN)/lockstep.rules.yaml
+	$(PROMTOOL) test rules config/prometheus/rules_test.yaml
 
 .PHONY: test-dataplane
 test-dataplane: envtest-assets test-crds ## lockstepd processes in network namespaces with Toxiproxy in the log path, kill -9, partitions, the API server cut (needs root).
@@ -172,3 +185,7 @@ $(GINKGO):
 	hack/tools.sh ginkgo
 $(KUSTOMIZE):
 	hack/tools.sh kustomize
+$(HELM):
+	hack/tools.sh helm
+$(PROMTOOL):
+	hack/tools.sh promtool

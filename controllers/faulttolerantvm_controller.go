@@ -11,6 +11,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -64,6 +65,8 @@ type FaultTolerantVMReconciler struct {
 	// announced remembers the condition transitions already announced by an event, so that a
 	// reconcile that reads a status older than its own last patch does not announce them twice.
 	announced announcements
+	// protectedOnce holds the FaultTolerantVMs this process saw Protected (re-protection metrics).
+	protectedOnce sync.Map
 }
 
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get;list;watch;update;patch
@@ -83,6 +86,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		if apierrors.IsNotFound(err) {
 			metrics.Forget(req.Namespace, req.Name)
 			r.announced.forget(req.NamespacedName)
+			r.protectedOnce.Delete(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}

@@ -17,6 +17,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
@@ -61,7 +62,7 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 	}
 	node, err := placement.Place(nodes, req)
 	if err != nil {
-		p.logNoNode(ctx, nodes, req)
+		p.noNode(ctx, nodes, req)
 		return "", err
 	}
 	if err := create(node); err != nil {
@@ -85,8 +86,11 @@ func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary plac
 	}
 	pp, err := placement.PlacePair(nodes, primary, secondary, topologyKey != "")
 	if err != nil {
-		p.logNoNode(ctx, nodes, primary)
+		p.noNode(ctx, nodes, primary)
 		return placement.PairPlacement{}, err
+	}
+	if pp.SecondaryErr != nil {
+		p.noNode(ctx, nodes, secondary)
 	}
 	if err := createPrimary(pp.Primary); err != nil {
 		return placement.PairPlacement{}, err
@@ -112,8 +116,9 @@ func (p *Placer) assume(key types.NamespacedName, node string, req placement.Req
 		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
 }
 
-// logNoNode logs, at debug level, what each node held when no node fitted.
-func (p *Placer) logNoNode(ctx context.Context, nodes []placement.Node, req placement.Request) {
+// noNode counts a placement that found no node and logs, at debug level, what each node held.
+func (p *Placer) noNode(ctx context.Context, nodes []placement.Node, req placement.Request) {
+	metrics.PlacementFailures.WithLabelValues(string(req.Role)).Inc()
 	logger := logr.FromContextOrDiscard(ctx).V(1)
 	if !logger.Enabled() {
 		return
@@ -183,6 +188,7 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 		}
 		out = append(out, pn)
 	}
+	metrics.ObserveNodes(out)
 	return out, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
@@ -239,11 +240,29 @@ func (r *FaultTolerantVMReconciler) emitTransitions(before, after *ftv1.FaultTol
 		if !r.announced.first(client.ObjectKeyFromObject(after), typ, string(cur.Status)+"/"+cur.Reason) {
 			continue
 		}
+		if typ == ftv1.ConditionProtected {
+			r.observeReprotection(client.ObjectKeyFromObject(after), old, cur)
+		}
 		kind := corev1.EventTypeNormal
 		if warningReasons[cur.Reason] {
 			kind = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(after, nil, kind, cur.Reason, typ, "%s", cur.Message)
+	}
+}
+
+// observeReprotection times a re-protection: Protected again after it was lost, from the moment
+// it was lost (the False condition's transition time). Only a VM that this operator process saw
+// Protected before counts, so that a first start, or a start after a halt, is not one; a
+// re-protection under way when the operator restarts is not counted.
+func (r *FaultTolerantVMReconciler) observeReprotection(key types.NamespacedName, old, cur *metav1.Condition) {
+	switch {
+	case cur.Status == metav1.ConditionTrue:
+		if _, was := r.protectedOnce.Swap(key, true); was && old != nil && old.Status == metav1.ConditionFalse {
+			metrics.Reprotection.Observe(cur.LastTransitionTime.Sub(old.LastTransitionTime.Time).Seconds())
+		}
+	case cur.Reason == ftv1.ReasonHalted:
+		r.protectedOnce.Delete(key)
 	}
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs a pinned Go tool into ~/.cache/lockstep/tools/<name>@<version>/ and links it into bin/.
 #
-#   hack/tools.sh controller-gen|golangci-lint|kustomize|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
+#   hack/tools.sh controller-gen|golangci-lint|kustomize|helm|promtool|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
 #
 # Reruns are instant: a tool is built once per version.
 set -euo pipefail
@@ -16,6 +16,8 @@ pkg_of() {
     controller-gen) echo "sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0" ;;
     golangci-lint)  echo "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.11.4" ;;
     kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5@v5.8.2" ;;
+    helm)           echo "helm.sh/helm/v3/cmd/helm@v3.22.0" ;;
+    promtool)       echo "github.com/prometheus/prometheus/cmd/promtool@v0.308.0" ;;
     kwokctl)        echo "sigs.k8s.io/kwok/cmd/kwokctl@v0.8.0" ;;
     kwok)           echo "sigs.k8s.io/kwok/cmd/kwok@v0.8.0" ;;
     buf)            echo "github.com/bufbuild/buf/cmd/buf@v1.75.0" ;;
@@ -33,7 +35,19 @@ for tool in "$@"; do
   if [ ! -x "$dir/$tool" ]; then
     echo ">> installing $pkg into $dir" >&2
     mkdir -p "$dir"
-    GOBIN="$dir" go install "$pkg"
+    case "$tool" in
+      promtool)
+        # Prometheus's go.mod has exclude directives, which `go install pkg@version` refuses: build
+        # it from a throwaway module that requires it (its own go.mod is copied, so that the
+        # versions are the ones Prometheus pins).
+        mod="$dir/src"
+        mkdir -p "$mod"
+        gomod="$(go mod download -json "${pkg%%/cmd/*}@${pkg##*@}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+        sed "s#^module .*#module lockstep.local/promtool#" "$gomod" >"$mod/go.mod"
+        printf 'require %s %s\n' "${pkg%%/cmd/*}" "${pkg##*@}" >>"$mod/go.mod"
+        (cd "$mod" && GOFLAGS=-mod=mod go build -trimpath -o "$dir/$tool" "${pkg%@*}") ;;
+      *) GOBIN="$dir" go install "$pkg" ;;
+    esac
   fi
   ln -sfn "$dir/$tool" "$ROOT/bin/$tool"
 done

@@ -1,12 +1,17 @@
 // Package metrics holds the operator's Prometheus metrics, registered with controller-runtime's
 // registry so that they are served with its own (reconcile counts and durations, work queues).
+// The alerts in config/prometheus and the chart are written against these names.
 package metrics
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
 var states = []ftv1.FTState{ftv1.StateStarting, ftv1.StateProtected, ftv1.StateNotProtected, ftv1.StateFailingOver, ftv1.StateStopped}
@@ -23,11 +28,66 @@ var (
 		Name: "lockstep_ftvm_failovers_total",
 		Help: "Promotions of a secondary after its primary was lost.",
 	}, []string{"namespace", "name"})
+
+	// Unprotected is 1, labelled with the Protected condition's reason, while a running
+	// FaultTolerantVM is not protected; it has no series while the VM is protected or halted.
+	Unprotected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_ftvm_unprotected",
+		Help: "1 while a running FaultTolerantVM is not protected, labelled with why (the Protected condition's reason).",
+	}, []string{"namespace", "name", "reason"})
+
+	// Interval is the vLockstep interval lockstepd reports.
+	Interval = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_ftvm_vlockstep_interval_seconds",
+		Help: "How far the secondary trails the primary, as lockstepd reports it in status.",
+	}, []string{"namespace", "name"})
+
+	// Bandwidth is the logging bandwidth lockstepd reports.
+	Bandwidth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_ftvm_log_bandwidth_bytes_per_second",
+		Help: "FT logging traffic of the pair, as lockstepd reports it in status.",
+	}, []string{"namespace", "name"})
+
+	// Reprotection is how long VMs stayed unprotected before they were protected again.
+	Reprotection = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "lockstep_ftvm_reprotection_seconds",
+		Help:    "Time from a running FaultTolerantVM losing protection (a member lost, no node for a secondary) to Protected again.",
+		Buckets: []float64{1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600},
+	})
+
+	// PlacementFailures counts placements that found no eligible node.
+	PlacementFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockstep_placement_failures_total",
+		Help: "Placements of a member that found no eligible node (FT limit, logging bandwidth, anti-affinity, node health), by role.",
+	}, []string{"role"})
+
+	// NodeLogBandwidthBudget is each node's logging bandwidth budget.
+	NodeLogBandwidthBudget = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_node_log_bandwidth_budget_mbps",
+		Help: "A node's FT logging bandwidth budget in Mbit/s (0: not budgeted), as placement last saw it.",
+	}, []string{"node"})
+
+	// NodeMembers and NodeMemberLimit are each node's FT members and its FT limit.
+	NodeMembers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_node_ft_members",
+		Help: "FT members (primaries and secondaries) on a node, as placement last saw it.",
+	}, []string{"node"})
+	NodeMemberLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockstep_node_ft_members_limit",
+		Help: "A node's FT VM limit, as placement last saw it.",
+	}, []string{"node"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(State, Failovers)
+	metrics.Registry.MustRegister(State, Failovers, Unprotected, Interval, Bandwidth, Reprotection, PlacementFailures,
+		NodeLogBandwidthBudget, NodeMembers, NodeMemberLimit)
 }
+
+// unprotectedReason remembers each VM's labelled series, to delete it when the reason changes.
+var unprotectedReason = struct {
+	sync.Mutex
+	m map[[2]string]string
+}{m: map[[2]string]string{}}
 
 // Observe records a FaultTolerantVM's state.
 func Observe(ftvm *ftv1.FaultTolerantVM) {
@@ -38,6 +98,48 @@ func Observe(ftvm *ftv1.FaultTolerantVM) {
 		}
 		State.WithLabelValues(ftvm.Namespace, ftvm.Name, string(s)).Set(v)
 	}
+	reason := ""
+	if c := apimeta.FindStatusCondition(ftvm.Status.Conditions, ftv1.ConditionProtected); c != nil && c.Status != "True" &&
+		ftvm.Spec.RunStrategy != ftv1.RunStrategyHalted {
+		reason = c.Reason
+	}
+	setUnprotected(ftvm.Namespace, ftvm.Name, reason)
+	if d := ftvm.Status.VLockstepInterval; d != nil {
+		Interval.WithLabelValues(ftvm.Namespace, ftvm.Name).Set(d.Seconds())
+	} else {
+		Interval.DeleteLabelValues(ftvm.Namespace, ftvm.Name)
+	}
+	if b := ftvm.Status.LogBandwidth; b != nil {
+		Bandwidth.WithLabelValues(ftvm.Namespace, ftvm.Name).Set(b.AsApproximateFloat64())
+	} else {
+		Bandwidth.DeleteLabelValues(ftvm.Namespace, ftvm.Name)
+	}
+}
+
+func setUnprotected(namespace, name, reason string) {
+	unprotectedReason.Lock()
+	defer unprotectedReason.Unlock()
+	key := [2]string{namespace, name}
+	if old, ok := unprotectedReason.m[key]; ok && old != reason {
+		Unprotected.DeleteLabelValues(namespace, name, old)
+		delete(unprotectedReason.m, key)
+	}
+	if reason != "" {
+		Unprotected.WithLabelValues(namespace, name, reason).Set(1)
+		unprotectedReason.m[key] = reason
+	}
+}
+
+// ObserveNodes records what placement saw of each node; nodes it no longer sees lose their series.
+func ObserveNodes(nodes []placement.Node) {
+	NodeLogBandwidthBudget.Reset()
+	NodeMembers.Reset()
+	NodeMemberLimit.Reset()
+	for _, n := range nodes {
+		NodeLogBandwidthBudget.WithLabelValues(n.Name).Set(float64(n.Limits.LogBandwidthMbps))
+		NodeMembers.WithLabelValues(n.Name).Set(float64(len(n.Members)))
+		NodeMemberLimit.WithLabelValues(n.Name).Set(float64(n.Limits.MaxMembers))
+	}
 }
 
 // Forget drops the series of a deleted FaultTolerantVM.
@@ -46,4 +148,7 @@ func Forget(namespace, name string) {
 		State.DeleteLabelValues(namespace, name, string(s))
 	}
 	Failovers.DeleteLabelValues(namespace, name)
+	setUnprotected(namespace, name, "")
+	Interval.DeleteLabelValues(namespace, name)
+	Bandwidth.DeleteLabelValues(namespace, name)
 }

@@ -20,13 +20,24 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
-// Start starts the API server; root is the repository's root. Stop it with env.Stop. The test
-// process's controller-runtime log is discarded (the processes under test write their own).
+// Start starts the API server with lockstep's and KubeVirt's CRDs; root is the repository's root.
+// Stop it with env.Stop. The test process's controller-runtime log is discarded (the processes
+// under test write their own).
 func Start(root string) (*envtest.Environment, *rest.Config, client.Client, error) {
+	return StartWithCRDs(root, "kubevirt")
+}
+
+// StartWithCRDs is Start with the test CRDs of the given groups (bin/test-crds: kubevirt, multus,
+// cert-manager, monitoring).
+func StartWithCRDs(root string, groups ...string) (*envtest.Environment, *rest.Config, client.Client, error) {
 	ctrllog.SetLogger(logr.Discard())
+	paths := []string{filepath.Join(root, "config", "crd", "bases")}
+	for _, g := range groups {
+		paths = append(paths, filepath.Join(root, "bin", "test-crds", g))
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"),
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "bin", "test-crds", "kubevirt")},
+		CRDDirectoryPaths:     paths,
 		ErrorIfCRDPathMissing: true,
 	}
 	if os.Getenv("KUBEBUILDER_ASSETS") != "" {
