@@ -1,5 +1,9 @@
 # Builds the image of the operator, of lockstepd (/lockstepd) and of the KubeVirt hook
-# (/lockstep-kubevirt-hook): docker build -t lockstep-operator .
+# (/lockstep-kubevirt-hook) with a container engine: docker build -t lockstep-operator .
+# `make images` builds the same image without one and without a base image (hack/imagebuild,
+# tested by make test-images): the three binaries at /, user 65532:65532, /lockstep-operator as the
+# entrypoint. Keep the two alike; distroless adds CA certificates and time zones, which lockstep
+# does not read.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -70,7 +70,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or 
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-rules test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -164,6 +164,19 @@ build: ## Build the binaries into bin/ (and the KubeVirt test double of the loca
 	go build -o $(BIN)/lockstepd ./cmd/lockstepd
 	go build -o $(BIN)/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
 	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
+
+IMAGE_BINARIES := lockstep-operator lockstepd lockstep-kubevirt-hook
+
+.PHONY: images
+images: ## The image (operator, lockstepd, hook; non-root, no base image) as an OCI archive, bin/images/lockstep.oci.tar, built with no container daemon (hack/imagebuild).
+	@mkdir -p $(BIN)/image
+	for b in $(IMAGE_BINARIES); do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -buildid=" -o $(BIN)/image/$$b ./cmd/$$b; done
+	go run ./hack/imagebuild -bin $(BIN)/image -out $(BIN)/images/lockstep.oci.tar -ref $(IMG)
+
+.PHONY: test-images
+test-images: images ## The image: its user, entrypoint and binaries, each run from the image's layer.
+	go test -count=1 -v ./test/images/...
 
 .PHONY: run
 run: manifests ## Run the operator against the current kubeconfig.
