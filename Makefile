@@ -59,6 +59,14 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (config in .golangci.yml).
 	$(GOLANGCI_LINT) run ./...
 	GOLANGCI_LINT=$(GOLANGCI_LINT) hack/lint-rules.sh
 
+GOLANGCI_KAL := $(BIN)/golangci-kal
+$(GOLANGCI_KAL):
+	hack/tools.sh golangci-kal
+
+.PHONY: lint-api
+lint-api: $(GOLANGCI_KAL) ## The Kube API Linter over api/ (.golangci-kal.yml); not yet part of make lint: its findings are being worked through.
+	$(GOLANGCI_KAL) run -c .golangci-kal.yml ./api/...
+
 .PHONY: verify
 verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or go.mod are stale, or code is unformatted.
 	go mod tidy

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs a pinned Go tool into ~/.cache/lockstep/tools/<name>@<version>/ and links it into bin/.
 #
-#   hack/tools.sh controller-gen|golangci-lint|kustomize|helm|promtool|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
+#   hack/tools.sh controller-gen|golangci-lint|golangci-kal|kustomize|helm|promtool|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
 #
 # Reruns are instant: a tool is built once per version.
 set -euo pipefail
@@ -18,6 +18,8 @@ pkg_of() {
     kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5@v5.8.2" ;;
     helm)           echo "helm.sh/helm/v3/cmd/helm@v3.22.0" ;;
     promtool)       echo "github.com/prometheus/prometheus/cmd/promtool@v0.308.0" ;;
+    # golangci-lint with the Kube API Linter built in (a module plugin), for make lint-api.
+    golangci-kal)   echo "sigs.k8s.io/kube-api-linter@v0.0.0-20260716143926-092fe0c72997" ;;
     kwokctl)        echo "sigs.k8s.io/kwok/cmd/kwokctl@v0.8.0" ;;
     kwok)           echo "sigs.k8s.io/kwok/cmd/kwok@v0.8.0" ;;
     buf)            echo "github.com/bufbuild/buf/cmd/buf@v1.75.0" ;;
@@ -46,6 +48,35 @@ for tool in "$@"; do
         sed "s#^module .*#module lockstep.local/promtool#" "$gomod" >"$mod/go.mod"
         printf 'require %s %s\n' "${pkg%%/cmd/*}" "${pkg##*@}" >>"$mod/go.mod"
         (cd "$mod" && GOFLAGS=-mod=mod go build -trimpath -o "$dir/$tool" "${pkg%@*}") ;;
+      golangci-kal)
+        # What `golangci-lint custom` makes, without the git clone it needs: golangci-lint's
+        # commands, and the Kube API Linter registered as the module plugin "kubeapilinter".
+        mod="$dir/src"
+        mkdir -p "$mod"
+        lint="$(pkg_of golangci-lint)"
+        cat >"$mod/main.go" <<'GO'
+// Command golangci-kal is golangci-lint with the Kube API Linter (module plugin kubeapilinter).
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/golangci/golangci-lint/v2/pkg/commands"
+	"github.com/golangci/golangci-lint/v2/pkg/exitcodes"
+	_ "sigs.k8s.io/kube-api-linter"
+)
+
+func main() {
+	if err := commands.Execute(commands.BuildInfo{Version: "custom-kal", GoVersion: "go", Commit: "?", Date: ""}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(exitcodes.Failure)
+	}
+}
+GO
+        printf 'module lockstep.local/golangci-kal\n\ngo 1.26\n\nrequire (\n\t%s %s\n\t%s %s\n)\n' \
+          "${lint%%/cmd/*}" "${lint##*@}" "${pkg%@*}" "${pkg##*@}" >"$mod/go.mod"
+        (cd "$mod" && GOFLAGS=-mod=mod go mod tidy && go build -trimpath -o "$dir/$tool" .) ;;
       *) GOBIN="$dir" go install "$pkg" ;;
     esac
   fi
