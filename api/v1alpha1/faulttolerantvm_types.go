@@ -106,16 +106,18 @@ const (
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.
 type LoggingNetwork struct {
-	// Name of a NetworkAttachmentDefinition, in the FaultTolerantVM's namespace or as
+	// name of a NetworkAttachmentDefinition, in the FaultTolerantVM's namespace or as
 	// "namespace/name".
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
-	Name string `json:"name"`
+	// +required
+	Name string `json:"name,omitempty"`
 
-	// Config is a CNI configuration (JSON). When set, the operator creates the
+	// config is a CNI configuration (JSON). When set, the operator creates the
 	// NetworkAttachmentDefinition with this config if it does not exist; an existing one is
 	// never changed.
+	// +kubebuilder:validation:MinLength=1
 	// +optional
 	Config string `json:"config,omitempty"`
 }
@@ -123,11 +125,11 @@ type LoggingNetwork struct {
 // ExpectedLoad sizes the FT logging bandwidth of the VM with the white paper's formula
 // (section 2.10): bandwidth ~= (disk reads MB/s * 8 + network receives Mbit/s) * 1.2.
 type ExpectedLoad struct {
-	// DiskReadMBps is the average disk read throughput of the guest in MB/s.
+	// diskReadMBps is the average disk read throughput of the guest in MB/s.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	DiskReadMBps int32 `json:"diskReadMBps,omitempty"`
-	// NetworkReceiveMbps is the average network receive rate of the guest in Mbit/s.
+	// networkReceiveMbps is the average network receive rate of the guest in Mbit/s.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	NetworkReceiveMbps int32 `json:"networkReceiveMbps,omitempty"`
@@ -135,8 +137,10 @@ type ExpectedLoad struct {
 
 // VMITemplateMeta is the metadata given to both members.
 type VMITemplateMeta struct {
+	// labels of both members' VMIs (KubeVirt copies them to the launcher pods).
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`
+	// annotations of both members' VMIs.
 	// +optional
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
@@ -147,65 +151,73 @@ type VMITemplateMeta struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.domain.devices.hostDevices) || size(self.spec.domain.devices.hostDevices) == 0",message="host devices cannot be fault tolerant: a passthrough device's state cannot be replicated to the secondary"
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.volumes) || self.spec.volumes.all(v, !has(v.hostDisk))",message="hostDisk volumes cannot be fault tolerant: they live on one node; use a persistentVolumeClaim"
 type VMITemplate struct {
+	// metadata is given to both members.
 	// +optional
 	Metadata VMITemplateMeta `json:"metadata,omitempty"`
-	// Spec is the KubeVirt VirtualMachineInstanceSpec of both members.
+	// spec is the KubeVirt VirtualMachineInstanceSpec of both members.
+	// +required
 	Spec virtv1.VirtualMachineInstanceSpec `json:"spec"`
 }
 
 // FaultTolerantVMSpec is the desired state of a FaultTolerantVM.
 type FaultTolerantVMSpec struct {
-	// RunStrategy: Running keeps a protected pair running; Halted stops both members.
-	// +kubebuilder:default=Running
+	// runStrategy is Running, which keeps a protected pair running; Halted stops both members.
+	// +default="Running"
 	// +optional
 	RunStrategy RunStrategy `json:"runStrategy,omitempty"`
 
-	// UpdatePolicy: Staged (template changes wait for the VM's next halt and run) or Refuse
+	// updatePolicy is Staged (template changes wait for the VM's next halt and run) or Refuse
 	// (template changes are refused while the VM runs).
-	// +kubebuilder:default=Staged
+	// +default="Staged"
 	// +optional
 	UpdatePolicy UpdatePolicy `json:"updatePolicy,omitempty"`
 
-	// LoggingNetwork is the dedicated network for FT logging traffic.
+	// loggingNetwork is the dedicated network for FT logging traffic.
+	// +required
 	LoggingNetwork LoggingNetwork `json:"loggingNetwork"`
 
-	// TopologyKey, when set, also keeps the two members in different domains of this node label
-	// (for example topology.kubernetes.io/zone). They are always on different nodes.
+	// topologyKey is a node label (for example topology.kubernetes.io/zone) whose domains the two
+	// members are also kept apart in, when set. They are always on different nodes.
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=317
 	// +optional
 	TopologyKey string `json:"topologyKey,omitempty"`
 
-	// ExpectedLoad sizes the logging bandwidth that placement reserves for this VM on both nodes.
+	// expectedLoad sizes the logging bandwidth that placement reserves for this VM on both nodes.
 	// Without it the operator's default per-VM bandwidth is reserved.
 	// +optional
 	ExpectedLoad *ExpectedLoad `json:"expectedLoad,omitempty"`
 
-	// Template is the VM. Changes take effect when the VM is halted and run again
+	// template is the VM. Changes take effect when the VM is halted and run again
 	// (see the RestartRequired condition): both members of a pair must run the same VM.
+	// +required
 	Template VMITemplate `json:"template"`
 }
 
 // MemberStatus describes one member of the pair.
 type MemberStatus struct {
-	// VMI is the name of the member's VirtualMachineInstance.
-	VMI string `json:"vmi"`
-	// Node is the node the member was placed on.
+	// vmi is the name of the member's VirtualMachineInstance.
+	// +kubebuilder:validation:MinLength=1
+	// +required
+	VMI string `json:"vmi,omitempty"`
+	// node is the node the member was placed on.
+	// +kubebuilder:validation:MinLength=1
 	// +optional
 	Node string `json:"node,omitempty"`
-	// Phase is the VMI's phase.
+	// phase is the VMI's phase.
 	// +optional
 	Phase virtv1.VirtualMachineInstancePhase `json:"phase,omitempty"`
-	// Since is when the member took this role.
+	// since is when the member took this role.
 	// +optional
 	Since *metav1.Time `json:"since,omitempty"`
 }
 
 // ReplicationStatus is what the lockstepd of each side reports; each writes only its own side.
 type ReplicationStatus struct {
-	// Primary is reported by the lockstepd of the member that runs the VM.
+	// primary is reported by the lockstepd of the member that runs the VM.
 	// +optional
 	Primary *SideStatus `json:"primary,omitempty"`
-	// Secondary is reported by the lockstepd of the member that follows it.
+	// secondary is reported by the lockstepd of the member that follows it.
 	// +optional
 	Secondary *SideStatus `json:"secondary,omitempty"`
 }
@@ -225,92 +237,102 @@ const (
 
 // SideStatus is one side of the pair as its lockstepd sees it.
 type SideStatus struct {
-	// VMI is the member VMI; Node where it runs.
-	VMI  string `json:"vmi"`
+	// vmi is the member VMI.
+	// +kubebuilder:validation:MinLength=1
+	// +required
+	VMI string `json:"vmi,omitempty"`
+	// node is where it runs.
+	// +kubebuilder:validation:MinLength=1
+	// +optional
 	Node string `json:"node,omitempty"`
-	// State: Protected (the primary's outputs leave on acknowledgement), Replicating (a
+	// state is Protected (the primary's outputs leave on acknowledgement), Replicating (a
 	// secondary applying the log), Claiming (the peer went silent; the pair's Lease is being
 	// claimed), Alone (runs the VM without a secondary), Fenced (lost the Lease or could not reach
 	// it: stopped for good).
-	State SideState `json:"state"`
-	// Since is when the side entered State.
+	// +required
+	State SideState `json:"state,omitempty"`
+	// since is when the side entered State.
 	// +optional
 	Since *metav1.Time `json:"since,omitempty"`
-	// Epoch is the pair's Lease epoch the side knows.
+	// epoch is the pair's Lease epoch the side knows.
 	// +optional
 	Epoch int64 `json:"epoch,omitempty"`
-	// Synchronized: a secondary holds the primary's state.
+	// synchronized says that a secondary holds the primary's state.
 	// +optional
 	Synchronized bool `json:"synchronized,omitempty"`
-	// Connected: the FT log connection is up.
+	// connected says that the FT log connection is up.
 	// +optional
 	Connected bool `json:"connected,omitempty"`
-	// LastHeartbeatTime is when the peer was last heard.
+	// lastHeartbeatTime is when the peer was last heard.
 	// +optional
 	LastHeartbeatTime *metav1.Time `json:"lastHeartbeatTime,omitempty"`
-	// HeldOutputs is the number of outputs waiting for an acknowledgement.
+	// heldOutputs is the number of outputs waiting for an acknowledgement.
 	// +optional
 	HeldOutputs int32 `json:"heldOutputs,omitempty"`
-	// Message says why a side is Fenced, or what went wrong.
+	// message says why a side is Fenced, or what went wrong.
+	// +kubebuilder:validation:MinLength=1
 	// +optional
 	Message string `json:"message,omitempty"`
-	// ReportTime is when lockstepd wrote this report.
+	// reportTime is when lockstepd wrote this report.
+	// +required
 	ReportTime metav1.Time `json:"reportTime"`
 }
 
 // FaultTolerantVMStatus is the observed state of a FaultTolerantVM.
 type FaultTolerantVMStatus struct {
-	// ObservedGeneration is the generation this status describes.
+	// conditions are Valid, PrimaryReady, SecondaryReady, Protected, MemberFenced, RestartRequired.
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// observedGeneration is the generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// State is the FT state.
+	// state is the FT state.
 	// +optional
 	State FTState `json:"state,omitempty"`
 
-	// Primary is the member that runs the VM.
+	// primary is the member that runs the VM.
 	// +optional
 	Primary *MemberStatus `json:"primary,omitempty"`
 
-	// Secondary is the member that follows the primary and takes over when it is lost.
+	// secondary is the member that follows the primary and takes over when it is lost.
 	// +optional
 	Secondary *MemberStatus `json:"secondary,omitempty"`
 
-	// VLockstepInterval is how far the secondary trails the primary, as lockstepd measures it.
+	// vLockstepInterval is how far the secondary trails the primary, as lockstepd measures it.
 	// +optional
 	VLockstepInterval *metav1.Duration `json:"vLockstepInterval,omitempty"`
 
-	// LogBandwidth is the FT logging traffic in bytes per second, as lockstepd measures it.
+	// logBandwidth is the FT logging traffic in bytes per second, as lockstepd measures it.
 	// +optional
 	LogBandwidth *resource.Quantity `json:"logBandwidth,omitempty"`
 
-	// ReservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
+	// reservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
 	// each member's node, in Mbit/s.
 	// +optional
 	ReservedLogBandwidthMbps int32 `json:"reservedLogBandwidthMbps,omitempty"`
 
-	// Replication is what lockstepd reports of each side of the pair.
+	// replication is what lockstepd reports of each side of the pair.
 	// +optional
 	Replication *ReplicationStatus `json:"replication,omitempty"`
 
-	// Epoch is the epoch of the pair's record (the Lease that names the member allowed to run
+	// epoch is the epoch of the pair's record (the Lease that names the member allowed to run
 	// the VM); it grows with every change of that member.
 	// +optional
 	Epoch int64 `json:"epoch,omitempty"`
 
-	// FailoverCount counts the promotions of a secondary, as the pair's record counts them.
+	// failoverCount counts the promotions of a secondary, as the pair's record counts them.
 	// +optional
 	FailoverCount int32 `json:"failoverCount,omitempty"`
 
-	// LastFailoverTime is when the last secondary was promoted.
+	// lastFailoverTime is when the last secondary was promoted.
 	// +optional
 	LastFailoverTime *metav1.Time `json:"lastFailoverTime,omitempty"`
-
-	// Conditions: Valid, PrimaryReady, SecondaryReady, Protected, MemberFenced, RestartRequired.
-	// +listType=map
-	// +listMapKey=type
-	// +optional
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM
@@ -328,10 +350,16 @@ type FaultTolerantVMStatus struct {
 // +kubebuilder:printcolumn:name="Epoch",type=integer,JSONPath=`.status.epoch`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FaultTolerantVM struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the object's metadata.
+	// +optional
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   FaultTolerantVMSpec   `json:"spec,omitempty"`
+	// spec is the VM to protect, and how.
+	// +required
+	Spec FaultTolerantVMSpec `json:"spec,omitempty"`
+	// status is what the operator and lockstepd observe.
+	// +optional
 	Status FaultTolerantVMStatus `json:"status,omitempty"`
 }
 
