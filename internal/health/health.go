@@ -218,7 +218,7 @@ func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI strin
 // it, was written no earlier than the second the node went down (the API keeps seconds) and
 // within grace of now, and says it replicates: a
 // primary Protected (or Alone, with no secondary to lose), a secondary Replicating, synchronized
-// and connected. When the reports stop for grace, the node's verdict stands; when the host
+// and connected, or either side Claiming the pair's Lease. When the reports stop for grace, the node's verdict stands; when the host
 // really died, the peer's lockstepd reports it long before that (FromReplication).
 func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, now time.Time, grace time.Duration) Verdict {
 	if v.State != Suspect && v.State != Lost || v.Reason != ReasonNodeNotReady && v.Reason != ReasonNodeUnreachable {
@@ -227,7 +227,11 @@ func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, now time.Time, grace ti
 	if side == nil || side.VMI != vmi || side.ReportTime.IsZero() {
 		return v
 	}
-	healthy := side.State == ftv1.SideProtected || side.State == ftv1.SideAlone ||
+	// Claiming is healthy too: the side's VM runs while it claims the pair's Lease, and within the
+	// claim timeout it reports Alone or Fenced. A primary whose node still carried a stale
+	// unreachable taint was once judged lost in that second, and its secondary, which had just
+	// lost the claim and fenced itself, was promoted over it: no copy of the VM was left running.
+	healthy := side.State == ftv1.SideProtected || side.State == ftv1.SideAlone || side.State == ftv1.SideClaiming ||
 		side.State == ftv1.SideReplicating && side.Synchronized && side.Connected
 	at := side.ReportTime.Time
 	if !healthy || at.Before(v.Since.Truncate(time.Second)) || now.Sub(at) >= grace {

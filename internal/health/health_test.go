@@ -181,7 +181,8 @@ func TestVouch(t *testing.T) {
 		{"a report of another VMI", lost, &ftv1.SideStatus{VMI: "vm-2", State: ftv1.SideProtected, ReportTime: metav1.NewTime(now)}, false},
 		{"a report from before the node went down", lost, report(ftv1.SideProtected, 40*time.Second), false},
 		{"reports stopped for the grace", lost, &ftv1.SideStatus{VMI: "vm-1", State: ftv1.SideProtected, ReportTime: metav1.NewTime(now.Add(-grace))}, false},
-		{"a claiming side", lost, report(ftv1.SideClaiming, time.Second), false},
+		// Its VM runs while it claims; it reports Alone or Fenced within the claim timeout.
+		{"a side claiming the Lease", lost, report(ftv1.SideClaiming, time.Second), true},
 		{"a fenced side", lost, report(ftv1.SideFenced, time.Second), false},
 		{"an unsynchronized secondary", lost, &ftv1.SideStatus{VMI: "vm-1", State: ftv1.SideReplicating, Connected: true, ReportTime: metav1.NewTime(now)}, false},
 		{"a deleted node", Verdict{State: Lost, Reason: ReasonNodeDeleted}, report(ftv1.SideProtected, time.Second), false},
