@@ -80,9 +80,9 @@ func build(bin, out, ref, version string) error {
 	cf.Config.WorkingDir = "/"
 	cf.Config.Env = []string{"PATH=/"}
 	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "lockstep",
-		"org.opencontainers.image.source":  "https://github.com/lockstep-dev/lockstep",
-		"org.opencontainers.image.version": version,
+		"org.opencontainers.image.title":    "lockstep",
+		"org.opencontainers.image.source":   "https://github.com/lockstep-dev/lockstep",
+		"org.opencontainers.image.version":  version,
 		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
