@@ -95,7 +95,7 @@ func build(bin, out, ref, version string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return err

@@ -58,7 +58,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rc.Close()
+	defer func() { _ = rc.Close() }()
 	root := t.TempDir()
 	modes := map[string]int64{}
 	untarReader(t, rc, root, modes)
@@ -122,7 +122,7 @@ func untar(t *testing.T, path, dir string, modes map[string]int64) {
 	if err != nil {
 		t.Fatalf("%v (make images)", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	untarReader(t, f, dir, modes)
 }
 
