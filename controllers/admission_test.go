@@ -72,6 +72,10 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		makeNode("node-2", "zone-b")
 	})
 	AfterEach(func() {
+		// These specs end right after an admission; the operator's first reconcile of what they
+		// admitted may still be under way. Deleting only once it holds its finalizer keeps a
+		// delete from racing that reconcile (envtest has no garbage collector to clean after it).
+		waitTaken(ns)
 		deleteAllFTVMs(ns)
 		deleteAllNodes()
 	})
@@ -346,3 +350,14 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		}, timeout, interval).Should(Succeed())
 	})
 })
+
+// waitTaken waits until the operator holds its finalizer on every FaultTolerantVM of ns.
+func waitTaken(ns string) {
+	Eventually(func(g Gomega) {
+		var list ftv1.FaultTolerantVMList
+		g.Expect(k8s.List(ctx(), &list, client.InNamespace(ns))).To(Succeed())
+		for _, f := range list.Items {
+			g.Expect(f.Finalizers).To(ContainElement(ftv1.Finalizer), f.Name)
+		}
+	}, timeout, interval).Should(Succeed())
+}
