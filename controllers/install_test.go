@@ -1,39 +1,25 @@
 package controllers_test
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/test/apitest"
 )
 
 // readObjects reads every object of a multi-document YAML file.
 func readObjects(path string) []*unstructured.Unstructured {
 	raw, err := os.ReadFile(path)
 	Expect(err).NotTo(HaveOccurred(), "run `make installer` first")
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out
-			}
-			Expect(err).NotTo(HaveOccurred())
-		}
-		if len(u.Object) > 0 {
-			out = append(out, u)
-		}
-	}
+	objs, err := apitest.Decode(raw)
+	Expect(err).NotTo(HaveOccurred())
+	return objs
 }
 
 var _ = Describe("Installation", func() {

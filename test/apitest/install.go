@@ -33,6 +33,24 @@ const Namespace = "lockstep-system"
 // CA is the lockstepd CA's Secret and ConfigMap, as the operator's flags default to.
 var CA = types.NamespacedName{Namespace: Namespace, Name: "lockstepd-ca"}
 
+// Decode reads every object of a multi-document YAML (or JSON) stream, skipping empty documents.
+func Decode(raw []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, err
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
 // Apply applies every object of a YAML file (server-side apply).
 func Apply(tb testing.TB, c client.Client, path string) {
 	tb.Helper()
@@ -40,19 +58,12 @@ func Apply(tb testing.TB, c client.Client, path string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return
-			}
-			tb.Fatalf("%s: %v", path, err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		if err := c.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(&u), client.FieldOwner("lockstep-test"), client.ForceOwnership); err != nil {
+	objs, err := Decode(data)
+	if err != nil {
+		tb.Fatalf("%s: %v", path, err)
+	}
+	for _, u := range objs {
+		if err := c.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("lockstep-test"), client.ForceOwnership); err != nil {
 			tb.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
 		}
 	}
