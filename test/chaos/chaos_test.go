@@ -45,14 +45,18 @@ const (
 )
 
 var (
-	k8s client.Client
+	k8s client.WithWatch
 	lc  = localcluster.New("lockstep-chaos", "CHAOS_KEEP", "NODE_LOST_GRACE=5s")
 	up  bool
 )
 
 func TestChaos(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "lockstep chaos suite (local cluster)")
+	if !RunSpecs(t, "lockstep chaos suite (local cluster)") {
+		// Last, where a shortened log still shows it: CHAOS_SEED=<seed> runs the schedule again.
+		seed, n := seedAndSteps()
+		fmt.Printf("chaos: failed with CHAOS_SEED=%d CHAOS_STEPS=%d\n", seed, n)
+	}
 }
 
 func cluster(args ...string) string {
@@ -101,8 +105,11 @@ var _ = ReportAfterEach(func(r SpecReport) {
 	}
 })
 
+// clockSeed is the seed when CHAOS_SEED is not set: taken once, so that every report names it.
+var clockSeed = uint64(time.Now().UnixNano() % 1_000_000)
+
 func seedAndSteps() (uint64, int) {
-	seed := uint64(time.Now().UnixNano() % 1_000_000)
+	seed := clockSeed
 	if s := os.Getenv("CHAOS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		Expect(err).NotTo(HaveOccurred(), "CHAOS_SEED")
@@ -126,6 +133,7 @@ var _ = Describe("a seeded schedule of faults", func() {
 		fmt.Printf("chaos: seed %d, %d steps\n", seed, n)
 
 		mon := startMonitor()
+		took := watchPromotions(sctx, k8s)
 		r := &runner{dead: map[string]bool{}}
 		for _, s := range steps {
 			mon.note(s.String())
@@ -158,7 +166,7 @@ var _ = Describe("a seeded schedule of faults", func() {
 		var list ftv1.FaultTolerantVMList
 		Expect(k8s.List(sctx, &list, client.InNamespace(ns))).To(Succeed())
 		for _, f := range list.Items {
-			Expect(f.Status.FailoverCount).To(Equal(mon.promotions(f.UID)), "FaultTolerantVM %s\n%s", f.Name, schedule)
+			Expect(f.Status.FailoverCount).To(Equal(took.of(f.UID)), "FaultTolerantVM %s; its members as seen:\n%s%s", f.Name, took.seen(f.UID), schedule)
 		}
 
 		By("deleting every FaultTolerantVM leaves nothing behind")
@@ -168,7 +176,7 @@ var _ = Describe("a seeded schedule of faults", func() {
 		mon.stop()
 		Expect(mon.violations()).To(BeEmpty(), "%s", schedule)
 		fmt.Printf("chaos: seed %d, %d steps (%s): no violation; %d promotions seen, %d operator kills mid-failover landed\n",
-			seed, n, countActions(steps), mon.totalPromotions(), r.midFailoverKills)
+			seed, n, countActions(steps), took.total(), r.midFailoverKills)
 	}, NodeTimeout(90*time.Minute))
 })
 
@@ -300,15 +308,12 @@ type monitor struct {
 	mu       sync.Mutex
 	bad      []string
 	lastStep string
-	wasSec   map[types.UID]map[string]bool // FaultTolerantVM -> members seen as secondaries
-	promoted map[types.UID]map[string]bool // -> members seen going from secondary to primary
 	goneAt   map[string]time.Time          // FaultTolerantVM name -> when it was first seen gone
 }
 
 func startMonitor() *monitor {
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &monitor{cancel: cancel, done: make(chan struct{}), wasSec: map[types.UID]map[string]bool{},
-		promoted: map[types.UID]map[string]bool{}, goneAt: map[string]time.Time{}}
+	m := &monitor{cancel: cancel, done: make(chan struct{}), goneAt: map[string]time.Time{}}
 	go func() {
 		defer close(m.done)
 		t := time.NewTicker(poll)
@@ -384,21 +389,12 @@ func (m *monitor) check(ctx context.Context) {
 		}
 	}
 	m.mu.Lock()
-	for uid, members := range byOwner {
+	for _, members := range byOwner {
 		var primaries []string
 		nodeOf := map[string]string{}
-		if m.wasSec[uid] == nil {
-			m.wasSec[uid], m.promoted[uid] = map[string]bool{}, map[string]bool{}
-		}
 		for _, v := range members {
-			switch v.Labels[ftv1.LabelRole] {
-			case ftv1.RolePrimary:
+			if v.Labels[ftv1.LabelRole] == ftv1.RolePrimary {
 				primaries = append(primaries, v.Name)
-				if m.wasSec[uid][v.Name] {
-					m.promoted[uid][v.Name] = true
-				}
-			case ftv1.RoleSecondary:
-				m.wasSec[uid][v.Name] = true
 			}
 			if v.DeletionTimestamp == nil && !v.IsFinal() {
 				node := v.Labels[ftv1.LabelNode]
@@ -498,22 +494,6 @@ func (m *monitor) violations() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]string(nil), m.bad...)
-}
-
-func (m *monitor) promotions(uid types.UID) int32 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return int32(len(m.promoted[uid]))
-}
-
-func (m *monitor) totalPromotions() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := 0
-	for _, p := range m.promoted {
-		n += len(p)
-	}
-	return n
 }
 
 func (m *monitor) stop() { m.cancel(); <-m.done }

@@ -79,9 +79,9 @@ func (c *Cluster) Kubeconfig() (string, error) {
 	return strings.TrimSpace(out), err
 }
 
-// Client is a client of the cluster's API server with lockstep's scheme; qps and burst of 0
-// keep client-go's defaults.
-func (c *Cluster) Client(qps float32, burst int) (client.Client, error) {
+// Client is a client of the cluster's API server with lockstep's scheme, which can also watch; qps
+// and burst of 0 keep client-go's defaults.
+func (c *Cluster) Client(qps float32, burst int) (client.WithWatch, error) {
 	kc, err := c.Kubeconfig()
 	if err != nil {
 		return nil, err
@@ -93,7 +93,7 @@ func (c *Cluster) Client(qps float32, burst int) (client.Client, error) {
 	if qps > 0 {
 		cfg.QPS, cfg.Burst = qps, burst
 	}
-	return client.New(cfg, client.Options{Scheme: controllers.NewScheme()})
+	return client.NewWithWatch(cfg, client.Options{Scheme: controllers.NewScheme()})
 }
 
 // Kubectl runs the cluster's kubectl (bin/k8s/kubectl) with args.
