@@ -308,7 +308,7 @@ type monitor struct {
 	mu       sync.Mutex
 	bad      []string
 	lastStep string
-	goneAt   map[string]time.Time          // FaultTolerantVM name -> when it was first seen gone
+	goneAt   map[string]time.Time // FaultTolerantVM name -> when it was first seen gone
 }
 
 func startMonitor() *monitor {

@@ -32,8 +32,8 @@ type promotions struct {
 	mu       sync.Mutex
 	owner    map[string]types.UID // member -> its FaultTolerantVM
 	wasSec   map[string]bool
-	promoted map[string]string              // member -> how it took over
-	history  map[types.UID][]string         // FaultTolerantVM -> what was seen, for a failure
+	promoted map[string]string               // member -> how it took over
+	history  map[types.UID][]string          // FaultTolerantVM -> what was seen, for a failure
 	pending  map[string]coordinationv1.Lease // record holder -> the record, until its member is known
 	stopped  chan struct{}
 }
