@@ -346,6 +346,45 @@ var _ = Describe("Crash points", func() {
 		})
 	})
 
+	It("a test failover converges from a crash after any of its writes: done once, one primary, the count grown by one", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(ns string, _ pairBefore) {
+				Expect(k8s.Create(ctx(), &ftv1.FaultTolerantVMOperation{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "test"},
+					Spec:       ftv1.FaultTolerantVMOperationSpec{FaultTolerantVMName: "vm", Type: ftv1.OperationTestFailover},
+				})).To(Succeed())
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.secondary.VMI, 1) // the old primary's node is healthy: it may take the new secondary
+				Eventually(func(g Gomega) {
+					op := &ftv1.FaultTolerantVMOperation{}
+					g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "test"}, op)).To(Succeed())
+					g.Expect(op.Status.Phase).To(Equal(ftv1.OperationSucceeded), op.Status.Message)
+					g.Expect(op.Status.Result.Primary.VMI).To(Equal(b.secondary.VMI))
+				}, timeout, interval).Should(Succeed())
+				Expect(getFTVM(ns, "vm").Status.FailoverCount).To(Equal(int32(1)), "done exactly once")
+			},
+			rows: []string{
+				status("FaultTolerantVMOperation", "test"), // Running, on vm-1 and vm-2: before anything is done
+				"update Lease ft-vm",                       // the record: vm-2 at epoch 2, with the operation's UID
+				"patch PersistentVolumeClaim vm-2-root",    // its disk is the VM's now
+				"patch VirtualMachineInstance vm-1",        // the old primary labelled fenced
+				"delete VirtualMachineInstance vm-1",       // and deleted
+				"patch VirtualMachineInstance vm-2",        // the new one labelled primary
+				status("FaultTolerantVMOperation", "test"), // "took over"
+				status("FaultTolerantVM", "vm"),
+				"create PersistentVolumeClaim vm-3-root", // a new secondary's copy
+				"create VirtualMachineInstance vm-3",
+				status("FaultTolerantVMOperation", "test"), // waiting for it to synchronize
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-3", // synchronized
+				status("FaultTolerantVM", "vm"),
+				status("FaultTolerantVMOperation", "test"), // Succeeded
+			},
+		})
+	})
+
 	It("a deletion converges from a crash after any of its writes: nothing is left", func() {
 		runCrashPath(crashPath{
 			setup: setupDiskPair,

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/member"
@@ -129,7 +130,9 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseMarkSynced,
 		r.phaseLauncherRoles,
 		r.phaseStartPair,
+		r.phaseProtection,
 		r.phaseEnsureSecondary,
+		r.phaseOperations,
 		r.phaseCollectDiskCopies,
 	}
 	for _, phase := range phases {
@@ -182,6 +185,9 @@ func (r *FaultTolerantVMReconciler) phaseHalt(ctx context.Context, s *scope) err
 		}
 	}
 	s.primary, s.secondary = nil, nil
+	if err := r.phaseOperations(ctx, s); err != nil {
+		return err
+	}
 	return errStop
 }
 
@@ -210,6 +216,8 @@ func (r *FaultTolerantVMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&ftv1.FaultTolerantVM{}).
 		Owns(&virtv1.VirtualMachineInstance{}).
 		Owns(&coordinationv1.Lease{}).
+		// Its operations: a new one, or one deleted (status writes are the reconcile's own).
+		Watches(&ftv1.FaultTolerantVMOperation{}, operationHandler(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&virtv1.VirtualMachineInstance{}, r.capacityFreedHandler(), builderPredicatesMemberGone()).
 		Watches(&corev1.Node{}, r.nodeHandler(), builderPredicatesNodeChanged()).
 		// A member's launcher pod, to label it with the member's role as soon as KubeVirt makes

@@ -17,6 +17,8 @@ const (
 	indexMemberByNode = "lockstep.node"
 	// indexFTVMNeedsCapacity indexes FaultTolerantVMs that wait for a node ("true").
 	indexFTVMNeedsCapacity = "lockstep.needsCapacity"
+	// indexOperationByFTVM indexes FaultTolerantVMOperations by the FaultTolerantVM they act on.
+	indexOperationByFTVM = "lockstep.operationFTVM"
 )
 
 // SetupIndexes registers the field indexes with the manager's cache.
@@ -34,6 +36,11 @@ func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
 			return []string{n}
 		}
 		return nil
+	}); err != nil {
+		return err
+	}
+	if err := indexer.IndexField(ctx, &ftv1.FaultTolerantVMOperation{}, indexOperationByFTVM, func(o client.Object) []string {
+		return []string{o.(*ftv1.FaultTolerantVMOperation).Spec.FaultTolerantVMName}
 	}); err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func (r *FaultTolerantVMReconciler) phaseStartPair(ctx context.Context, s *scope
 // phaseEnsureSecondary starts a secondary for a primary that has none, from the template the
 // primary runs.
 func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s *scope) error {
-	if s.primary == nil || s.secondary != nil || s.secondaryErr != nil || s.waiting || s.primary.verdict.State == health.Lost {
+	if s.primary == nil || s.secondary != nil || s.secondaryErr != nil || s.waiting || s.primary.verdict.State == health.Lost || s.protectionOff {
 		return nil
 	}
 	if s.networkMissing != "" {
@@ -212,6 +212,12 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) (*memberView, error) {
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
 	nm.req.AvoidNodes = append([]string{s.primary.node}, s.suspect...)
+	if node, avoid := s.operationPlacement(); node != "" || avoid != "" {
+		nm.req.Node = node // a migration of the secondary
+		if avoid != "" {
+			nm.req.AvoidNodes = append(nm.req.AvoidNodes, avoid)
+		}
+	}
 	if key := s.ftvm.Spec.TopologyKey; key != "" {
 		var pn corev1.Node
 		if err := r.Get(ctx, types.NamespacedName{Name: s.primary.node}, &pn); err != nil {

@@ -50,8 +50,14 @@ type scope struct {
 	// suspect are nodes where a member of the pair was lost or fenced, in this reconcile or
 	// while its VMI is still going: a new secondary goes elsewhere, since a node that just lost
 	// a member may be dying before the API server says so.
-	suspect      []string
-	promoted     bool // a secondary was promoted in this reconcile
+	suspect  []string
+	promoted bool // a secondary was promoted in this reconcile
+	// protectionOff: spec.protection keeps the pair without a secondary.
+	protectionOff bool
+	// operation is the FaultTolerantVMOperation that runs or is next (nil when none).
+	operation *ftv1.FaultTolerantVMOperation
+	// queued are the operations after it.
+	queued       []*ftv1.FaultTolerantVMOperation
 	waiting      bool // the primary is lost and its suspect secondary is waited for
 	restart      bool // no member can run the VM: a new pair starts from its disks
 	requeueAfter time.Duration
@@ -123,6 +129,9 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 	}
 	s.now, s.grace = r.Clock.Now(), r.Config.NodeLostGrace
 	s.judgeReplication()
+	if err := r.loadOperations(ctx, s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -152,15 +153,31 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	if err := p.Reader.List(ctx, &vmis, client.HasLabels{ftv1.LabelNode}); err != nil {
 		return nil, err
 	}
+	alone, err := p.pairsAlone(ctx)
+	if err != nil {
+		return nil, err
+	}
 	seen := map[types.NamespacedName]bool{}
 	byNode := map[string][]placement.Member{}
+	primaryOf, hasSecondary := map[string]placement.Member{}, map[string]bool{}
 	for i := range vmis.Items {
 		v := &vmis.Items[i]
 		seen[client.ObjectKeyFromObject(v)] = true
 		if v.IsFinal() {
 			continue // its pod is gone: it holds nothing
 		}
-		byNode[v.Labels[ftv1.LabelNode]] = append(byNode[v.Labels[ftv1.LabelNode]], memberOf(v))
+		m := memberOf(v)
+		switch m.Role {
+		case placement.Primary:
+			m.Alone = alone[m.Pair]
+			primaryOf[m.Pair] = m
+		case placement.Secondary:
+			hasSecondary[m.Pair] = true
+		}
+		byNode[v.Labels[ftv1.LabelNode]] = append(byNode[v.Labels[ftv1.LabelNode]], m)
+	}
+	if err := p.addReservations(ctx, byNode, primaryOf, hasSecondary); err != nil {
+		return nil, err
 	}
 	for k, a := range p.assumed {
 		if seen[k] || time.Since(a.at) > p.AssumeTTL {
@@ -190,6 +207,42 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	}
 	metrics.ObserveNodes(out)
 	return out, nil
+}
+
+// pairsAlone are the pairs whose protection is Disabled: no secondary is held for them.
+func (p *Placer) pairsAlone(ctx context.Context) (map[string]bool, error) {
+	var ftvms ftv1.FaultTolerantVMList
+	if err := p.Reader.List(ctx, &ftvms); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for i := range ftvms.Items {
+		if f := &ftvms.Items[i]; f.Spec.Protection == ftv1.ProtectionDisabled {
+			out[pairKey(f.Namespace, f.Name)] = true
+		}
+	}
+	return out, nil
+}
+
+// addReservations counts the reserved node of each pair whose protection is suspended (its
+// record's reserved node, while the pair has no secondary), sized as its primary.
+func (p *Placer) addReservations(ctx context.Context, byNode map[string][]placement.Member, primaryOf map[string]placement.Member, hasSecondary map[string]bool) error {
+	var leases coordinationv1.LeaseList
+	if err := p.Reader.List(ctx, &leases, client.MatchingLabels{ftv1.LabelManagedBy: ftv1.ManagedByValue}); err != nil {
+		return err
+	}
+	for i := range leases.Items {
+		l := &leases.Items[i]
+		node := l.Annotations[ftv1.AnnotationReservedNode]
+		pair := pairKey(l.Namespace, l.Labels[ftv1.LabelPair])
+		prim, ok := primaryOf[pair]
+		if node == "" || !ok || hasSecondary[pair] {
+			continue
+		}
+		byNode[node] = append(byNode[node], placement.Member{Pair: pair, Role: placement.Secondary, VCPUs: prim.VCPUs,
+			LogBandwidthMbps: prim.LogBandwidthMbps, Reserved: true})
+	}
+	return nil
 }
 
 // pairKey names a pair across namespaces: two FaultTolerantVMs may share a name.

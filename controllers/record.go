@@ -61,6 +61,8 @@ func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM
 	n, _ := strconv.Atoi(lease.Annotations[ftv1.AnnotationPromotions])
 	rec.Promotions = int32(n)
 	rec.LastPromoted = lease.Annotations[ftv1.AnnotationLastPromoted]
+	rec.Operation = lease.Annotations[ftv1.AnnotationOperation]
+	rec.ReservedNode = lease.Annotations[ftv1.AnnotationReservedNode]
 	if t, err := time.Parse(time.RFC3339, lease.Annotations[ftv1.AnnotationLastPromotionTime]); err == nil {
 		mt := metav1.NewTime(t)
 		rec.lastPromotion = &mt
@@ -105,6 +107,8 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	if next.LastPromoted != "" {
 		lease.Annotations[ftv1.AnnotationLastPromoted] = next.LastPromoted
 	}
+	setOrDelete(lease.Annotations, ftv1.AnnotationOperation, next.Operation)
+	setOrDelete(lease.Annotations, ftv1.AnnotationReservedNode, next.ReservedNode)
 	if next.Promotions != cur.Promotions {
 		lease.Annotations[ftv1.AnnotationLastPromotionTime] = r.Clock.Now().UTC().Format(time.RFC3339)
 	}
@@ -148,4 +152,13 @@ func (r *FaultTolerantVMReconciler) loadRecord(ctx context.Context, reader clien
 // from it, never from a cache that may trail.
 func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*record, error) {
 	return r.loadRecord(ctx, r.APIReader, ftvm)
+}
+
+// setOrDelete sets annotation key to value, or removes it when value is "".
+func setOrDelete(annotations map[string]string, key, value string) {
+	if value == "" {
+		delete(annotations, key)
+		return
+	}
+	annotations[key] = value
 }

@@ -78,6 +78,10 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		st.State = ftv1.StateFailingOver
 		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
 			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
+	case ftvm.Spec.Protection != "" && ftvm.Spec.Protection != ftv1.ProtectionEnabled && alive(s.primary):
+		st.State = ftv1.StateNotProtected
+		reason, msg := protectionOff(s)
+		set(ftv1.ConditionProtected, false, reason, msg)
 	case alive(s.primary) && alive(s.secondary) && !s.holdsState(s.secondary):
 		st.State = ftv1.StateStarting
 		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting,
@@ -104,6 +108,27 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 
 	setFencedCondition(s, set)
 	setRestartRequired(s, set)
+}
+
+// protectionOff is the Protected condition's reason and message while spec.protection keeps the
+// pair without a secondary.
+func protectionOff(s *scope) (string, string) {
+	_, reason, msg := protectionOffCondition(s)
+	if s.secondary != nil {
+		msg += fmt.Sprintf("; secondary %s on node %s is stopping", s.secondary.vmi.Name, s.secondary.node)
+	}
+	return reason, "the VM runs unprotected: " + msg
+}
+
+func protectionOffCondition(s *scope) (bool, string, string) {
+	if s.ftvm.Spec.Protection == ftv1.ProtectionSuspended {
+		msg := "spec.protection is Suspended"
+		if n := s.record.ReservedNode; n != "" {
+			msg += fmt.Sprintf(" (node %s stays reserved for the secondary)", n)
+		}
+		return false, ftv1.ReasonProtectionSuspended, msg + "; set it to Enabled to protect the VM again"
+	}
+	return false, ftv1.ReasonProtectionDisabled, "spec.protection is Disabled; set it to Enabled to protect the VM again"
 }
 
 // setFencedCondition says whether a member is being fenced, and why.
@@ -161,6 +186,8 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 	}
 	if mv == nil {
 		switch {
+		case role == "secondary" && s.ftvm.Spec.Protection != "" && s.ftvm.Spec.Protection != ftv1.ProtectionEnabled:
+			return protectionOffCondition(s)
 		case startErr != nil && errors.Is(startErr, placement.ErrNoEligibleNode):
 			return false, ftv1.ReasonNoEligibleNode, fmt.Sprintf("no node can take the %s: %v", role, startErr)
 		case startErr != nil:
@@ -195,7 +222,7 @@ func memberStatus(mv *memberView) *ftv1.MemberStatus {
 	if mv == nil {
 		return nil
 	}
-	ms := &ftv1.MemberStatus{VMI: mv.vmi.Name, Node: mv.node, Phase: mv.vmi.Status.Phase}
+	ms := &ftv1.MemberStatus{VMI: mv.vmi.Name, UID: mv.vmi.UID, Node: mv.node, Phase: mv.vmi.Status.Phase}
 	if since, err := time.Parse(time.RFC3339, mv.vmi.Annotations[ftv1.AnnotationRoleSince]); err == nil {
 		t := metav1.NewTime(since)
 		ms.Since = &t

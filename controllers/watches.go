@@ -121,3 +121,11 @@ func launcherRoleChanged() predicate.Predicate {
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 }
+
+// operationHandler wakes the FaultTolerantVM an operation acts on.
+func operationHandler() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		op := o.(*ftv1.FaultTolerantVMOperation)
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: op.Namespace, Name: op.Spec.FaultTolerantVMName}}}
+	})
+}

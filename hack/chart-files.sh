@@ -9,7 +9,7 @@ KUSTOMIZE="${KUSTOMIZE:-$ROOT/bin/kustomize}"
 chart="$ROOT/charts/lockstep"
 cd "$ROOT"
 mkdir -p "$chart/crds" "$chart/files"
-cp config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml "$chart/crds/"
+cp config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml config/crd/bases/ft.lockstep.dev_faulttolerantvmoperations.yaml "$chart/crds/"
 {
   "$KUSTOMIZE" build config/rbac
   for f in config/lockstepd/rbac/service_account.yaml config/lockstepd/rbac/role.yaml config/lockstepd/rbac/role_binding.yaml; do

@@ -9,6 +9,9 @@ func Default(ftvm *FaultTolerantVM) {
 	if ftvm.Spec.RunStrategy == "" {
 		ftvm.Spec.RunStrategy = RunStrategyRunning
 	}
+	if ftvm.Spec.Protection == "" {
+		ftvm.Spec.Protection = ProtectionEnabled
+	}
 	if ftvm.Spec.UpdatePolicy == "" {
 		ftvm.Spec.UpdatePolicy = UpdatePolicyStaged
 	}

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 )
 
@@ -28,6 +29,22 @@ const (
 	// UpdatePolicyRefuse refuses template changes at admission while runStrategy is Running:
 	// halt the VM, change it, run it again. For fleets where drift must be an error.
 	UpdatePolicyRefuse UpdatePolicy = "Refuse"
+)
+
+// Protection says whether the pair keeps a secondary: vSphere FT's Turn On, Suspend and Turn Off.
+// +kubebuilder:validation:Enum=Enabled;Suspended;Disabled
+type Protection string
+
+const (
+	// ProtectionEnabled keeps a synchronized secondary beside the primary.
+	ProtectionEnabled Protection = "Enabled"
+	// ProtectionSuspended stops the secondary; the primary runs on, unprotected. The secondary's
+	// node stays reserved for the pair (its FT limit, vCPUs and logging bandwidth), so that
+	// setting Enabled again always finds room there.
+	ProtectionSuspended Protection = "Suspended"
+	// ProtectionDisabled stops the secondary and releases its reservation; the primary runs on,
+	// unprotected, and keeps its own reservation and the pair's record and history.
+	ProtectionDisabled Protection = "Disabled"
 )
 
 // FTState is the fault tolerance state of a FaultTolerantVM, as vSphere's FT summary shows it.
@@ -102,6 +119,9 @@ const (
 	// ReasonWaitingForSecondary: the primary is lost and its synchronized secondary is on a node
 	// that is not Ready; promoting it later loses nothing, restarting now would lose the memory.
 	ReasonWaitingForSecondary = "WaitingForSecondary"
+	// ReasonProtectionSuspended and ReasonProtectionDisabled: spec.protection stopped the secondary.
+	ReasonProtectionSuspended = "ProtectionSuspended"
+	ReasonProtectionDisabled  = "ProtectionDisabled"
 )
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.
@@ -172,6 +192,13 @@ type FaultTolerantVMSpec struct {
 	// +optional
 	UpdatePolicy UpdatePolicy `json:"updatePolicy,omitempty"`
 
+	// protection is Enabled (a primary and a synchronized secondary), Suspended (the secondary
+	// stopped, its node kept reserved) or Disabled (the secondary stopped, nothing reserved).
+	// While it is not Enabled the VM runs unprotected, and the Protected condition says why.
+	// +default="Enabled"
+	// +optional
+	Protection Protection `json:"protection,omitempty"`
+
 	// loggingNetwork is the dedicated network for FT logging traffic.
 	// +required
 	LoggingNetwork LoggingNetwork `json:"loggingNetwork"`
@@ -200,6 +227,9 @@ type MemberStatus struct {
 	// +kubebuilder:validation:MinLength=1
 	// +required
 	VMI string `json:"vmi,omitempty"`
+	// uid is the member VMI's UID: a member's name may be used again once it is gone.
+	// +optional
+	UID types.UID `json:"uid,omitempty"`
 	// node is the node the member was placed on.
 	// +kubebuilder:validation:MinLength=1
 	// +optional

@@ -22,7 +22,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &FaultTolerantVM{}, &FaultTolerantVMList{})
+	s.AddKnownTypes(GroupVersion, &FaultTolerantVM{}, &FaultTolerantVMList{}, &FaultTolerantVMOperation{}, &FaultTolerantVMOperationList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -15,6 +15,13 @@ const (
 	AnnotationLastPromoted = "ft.lockstep.dev/last-promoted"
 	// AnnotationLastPromotionTime is when it was counted (RFC 3339).
 	AnnotationLastPromotionTime = "ft.lockstep.dev/last-promotion-time"
+	// AnnotationOperation is the UID of the last FaultTolerantVMOperation whose role change the
+	// record carries (a test failover): written with the change itself, so that the operation is
+	// done exactly once whoever crashes.
+	AnnotationOperation = "ft.lockstep.dev/operation"
+	// AnnotationReservedNode is the node that spec.protection Suspended keeps reserved for the
+	// pair's secondary; written before the secondary is stopped.
+	AnnotationReservedNode = "ft.lockstep.dev/reserved-node"
 )
 
 // RecordName is the name of a pair's record (its Lease).

@@ -46,6 +46,13 @@ type Member struct {
 	Role             Role
 	VCPUs            int
 	LogBandwidthMbps int
+	// Reserved: a reservation, not a running member (the secondary of a pair whose protection is
+	// suspended keeps its node so). It counts against the node's limits for every other pair, and
+	// its own pair's next secondary takes its place there first.
+	Reserved bool
+	// Alone: a primary whose pair keeps no secondary by choice (protection Disabled): no slot is
+	// held for one.
+	Alone bool
 }
 
 // Node is a node as placement sees it.
@@ -70,6 +77,8 @@ type Request struct {
 	AvoidNodes []string
 	// AvoidDomains are topology domains the member must not use: the other member's domain.
 	AvoidDomains []string
+	// Node, when set, is the only node the member may use (a migration to a chosen node).
+	Node string
 }
 
 // Reasons a node is rejected, as they appear in Decision.Rejected.
@@ -81,6 +90,7 @@ const (
 	RejectVCPULimit      = "FT vCPU limit reached"
 	RejectLogBandwidth   = "logging bandwidth budget exhausted"
 	RejectNoTopologyInfo = "has no value for the topology key"
+	RejectNotAsked       = "not the node asked for"
 )
 
 // ErrNoEligibleNode is returned (wrapped in a *NoEligibleNodeError) when no node fits.
@@ -141,8 +151,33 @@ func UsageOf(n Node) Usage {
 	return u
 }
 
+// withoutReservation is n without pair's reservation: the room it holds is the pair's own.
+func withoutReservation(n Node, pair string) Node {
+	out := n
+	out.Members = make([]Member, 0, len(n.Members))
+	for _, m := range n.Members {
+		if !(m.Reserved && m.Pair == pair) {
+			out.Members = append(out.Members, m)
+		}
+	}
+	return out
+}
+
+// reservedFor says whether n holds pair's reservation.
+func reservedFor(n Node, pair string) bool {
+	for _, m := range n.Members {
+		if m.Reserved && m.Pair == pair {
+			return true
+		}
+	}
+	return false
+}
+
 // Fits says why the node cannot take the request, or "" when it can.
 func Fits(n Node, req Request) string {
+	if req.Node != "" && n.Name != req.Node {
+		return RejectNotAsked
+	}
 	if n.Unavailable != "" {
 		return n.Unavailable
 	}
@@ -162,11 +197,11 @@ func Fits(n Node, req Request) string {
 		}
 	}
 	for _, m := range n.Members {
-		if m.Pair == req.Pair {
+		if m.Pair == req.Pair && !m.Reserved {
 			return RejectSamePair
 		}
 	}
-	u := UsageOf(n)
+	u := UsageOf(withoutReservation(n, req.Pair))
 	if u.Members+1 > n.Limits.MaxMembers {
 		return RejectMemberLimit
 	}
@@ -202,7 +237,7 @@ func Place(nodes []Node, req Request) (string, error) {
 func rank(nodes []Node, req Request) ([]string, error) {
 	type candidate struct {
 		name string
-		key  [3]int
+		key  [4]int
 	}
 	rejected := map[string]string{}
 	var fit []candidate
@@ -211,8 +246,12 @@ func rank(nodes []Node, req Request) ([]string, error) {
 			rejected[n.Name] = why
 			continue
 		}
-		u := UsageOf(n)
-		fit = append(fit, candidate{n.Name, [3]int{directional(u, req.Role), u.Members, u.VCPUs}})
+		u := UsageOf(withoutReservation(n, req.Pair))
+		own := 1
+		if reservedFor(n, req.Pair) {
+			own = 0 // the pair's own reservation first
+		}
+		fit = append(fit, candidate{n.Name, [4]int{own, directional(u, req.Role), u.Members, u.VCPUs}})
 	}
 	if len(fit) == 0 {
 		return nil, &NoEligibleNodeError{Rejected: rejected}
@@ -279,7 +318,7 @@ func PlacePair(nodes []Node, primary, secondary Request, separateDomains bool) (
 	return PairPlacement{Primary: candidates[0], SecondaryErr: firstErr}, nil
 }
 
-func less(a, b [3]int) bool {
+func less(a, b [4]int) bool {
 	for i := range a {
 		if a[i] != b[i] {
 			return a[i] < b[i]
@@ -304,7 +343,9 @@ func HoldWaitingSecondaries(nodes []Node) []Node {
 		for _, m := range n.Members {
 			switch m.Role {
 			case Primary:
-				primaries[m.Pair], primaryNode[m.Pair] = m, n.Name
+				if !m.Alone {
+					primaries[m.Pair], primaryNode[m.Pair] = m, n.Name
+				}
 			case Secondary:
 				hasSecondary[m.Pair] = true
 			}

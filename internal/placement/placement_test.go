@@ -479,3 +479,55 @@ func addMember(nodes []Node, name string, m Member) []Node {
 	}
 	return nodes
 }
+
+// A suspended pair's reservation holds its secondary's room against every other pair, and is
+// where its own next secondary goes, even when another node is emptier.
+func TestReservationHoldsTheSuspendedSecondarysRoom(t *testing.T) {
+	one := Limits{MaxMembers: 1, MaxVCPUs: 8}
+	nodes := []Node{
+		{Name: "a", Limits: defaultLimits, Members: []Member{{Pair: "x", Role: Primary, VCPUs: 2}}},
+		{Name: "b", Limits: one, Members: []Member{{Pair: "x", Role: Secondary, VCPUs: 2, Reserved: true}}},
+		{Name: "c", Limits: defaultLimits},
+	}
+	if why := Fits(nodes[1], Request{Pair: "y", Role: Primary, VCPUs: 1}); why != RejectMemberLimit {
+		t.Fatalf("another pair on the reserved node: %q, want %q", why, RejectMemberLimit)
+	}
+	got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 2, AvoidNodes: []string{"a"}})
+	if err != nil || got != "b" {
+		t.Fatalf("the pair's own secondary: %q, %v; want its reservation b", got, err)
+	}
+}
+
+func TestPlaceOnTheNodeAskedFor(t *testing.T) {
+	nodes := []Node{{Name: "a", Limits: defaultLimits}, {Name: "b", Limits: defaultLimits}, {Name: "c", Limits: defaultLimits}}
+	got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, Node: "c"})
+	if err != nil || got != "c" {
+		t.Fatalf("got %q, %v; want c", got, err)
+	}
+	_, err = Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, Node: "c", AvoidNodes: []string{"c"}})
+	var nee *NoEligibleNodeError
+	if !errors.As(err, &nee) || nee.Rejected["a"] != RejectNotAsked || nee.Rejected["c"] != RejectAntiAffinity {
+		t.Fatalf("want a rejected as not asked and c as the other member's: %v", err)
+	}
+}
+
+// A primary whose protection is Disabled holds no slot for a secondary it will not have.
+func TestNoSlotHeldForADisabledPairsSecondary(t *testing.T) {
+	nodes := []Node{
+		{Name: "a", Limits: defaultLimits, Members: []Member{{Pair: "x", Role: Primary, VCPUs: 2, Alone: true}}},
+		{Name: "b", Limits: defaultLimits},
+	}
+	for _, n := range HoldWaitingSecondaries(nodes) {
+		if n.Name == "b" && len(n.Members) != 0 {
+			t.Fatalf("a slot was held on b for x: %v", n.Members)
+		}
+	}
+	nodes[0].Members[0].Alone = false
+	held := false
+	for _, n := range HoldWaitingSecondaries(nodes) {
+		held = held || n.Name == "b" && len(n.Members) == 1
+	}
+	if !held {
+		t.Fatal("a slot must be held on b for x's secondary when x is not Disabled")
+	}
+}

@@ -73,6 +73,11 @@ type Record struct {
 	// Promotions counts the secondaries that took over; LastPromoted is the last one counted.
 	Promotions   int32
 	LastPromoted string
+	// Operation is the last one-time operation (a test failover) whose role change the record
+	// carries; ReservedNode is the node kept for the secondary of a pair whose protection is
+	// suspended. Decide carries both over unchanged.
+	Operation    string
+	ReservedNode string
 }
 
 // Fence is a member to fence: labelled Fenced, then deleted.
