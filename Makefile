@@ -40,6 +40,7 @@ manifests: $(CONTROLLER_GEN) $(KUSTOMIZE) ## Generate the CRD and RBAC manifests
 	go run ./hack/crdtrim config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml
 	$(CONTROLLER_GEN) rbac:roleName=lockstepd paths="./internal/lockstepd/..." output:rbac:artifacts:config=config/lockstepd/rbac
 	KUSTOMIZE=$(KUSTOMIZE) hack/chart-files.sh
+	go run ./hack/apidocs config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml config/crd/bases/ft.lockstep.dev_faulttolerantvmoperations.yaml > docs/api.md
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Generate the deepcopy functions and the KubeVirt hook protocols' Go code.
@@ -68,12 +69,12 @@ lint-api: $(GOLANGCI_KAL) ## The Kube API Linter over api/ (.golangci-kal.yml: c
 	$(GOLANGCI_KAL) run -c .golangci-kal.yml ./api/...
 
 .PHONY: verify
-verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy) or go.mod are stale, or code is unformatted.
+verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy, the API reference) or go.mod are stale, or code is unformatted.
 	go mod tidy
 	@if [ -n "$$(gofmt -l $$(git ls-files '*.go'))" ]; then echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; fi
-	@if [ -n "$$(git status --porcelain -- api config charts internal/kubevirthook/api go.mod go.sum)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config charts docs/api.md internal/kubevirthook/api go.mod go.sum)" ]; then \
 		echo "generated files are stale; run 'make manifests generate' and 'go mod tidy', then commit:"; \
-		git status --porcelain -- api config charts internal/kubevirthook/api go.mod go.sum; git --no-pager diff --stat -- api config charts internal/kubevirthook/api go.mod go.sum; exit 1; fi
+		git status --porcelain -- api config charts docs/api.md internal/kubevirthook/api go.mod go.sum; git --no-pager diff --stat -- api config charts docs/api.md internal/kubevirthook/api go.mod go.sum; exit 1; fi
 
 ##@ Test
 

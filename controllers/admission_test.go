@@ -230,15 +230,18 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		got := getFTVM(ns, "defaults")
 		Expect(got.Spec.RunStrategy).To(Equal(ftv1.RunStrategyRunning))
 		Expect(got.Spec.UpdatePolicy).To(Equal(ftv1.UpdatePolicyStaged))
+		Expect(got.Spec.Protection).To(Equal(ftv1.ProtectionEnabled))
 		Expect(got.Spec.Template.Spec.Domain.Resources.Requests).To(BeEmpty(), "no derived value is written into the spec")
 
 		f = newFTVM(ns, "set")
 		f.Spec.RunStrategy = ftv1.RunStrategyHalted
 		f.Spec.UpdatePolicy = ftv1.UpdatePolicyRefuse
+		f.Spec.Protection = ftv1.ProtectionSuspended
 		Expect(k8s.Create(ctx(), f)).To(Succeed())
 		got = getFTVM(ns, "set")
 		Expect(got.Spec.RunStrategy).To(Equal(ftv1.RunStrategyHalted))
 		Expect(got.Spec.UpdatePolicy).To(Equal(ftv1.UpdatePolicyRefuse))
+		Expect(got.Spec.Protection).To(Equal(ftv1.ProtectionSuspended))
 	})
 
 	It("changes nothing when the same manifest is applied twice (server-side apply)", func() {

@@ -78,7 +78,7 @@ func (s *scope) opView() operations.Op {
 		v.Primary = p.VMI
 	}
 	if sec := op.Status.Secondary; sec != nil {
-		v.Secondary, v.SecondaryNode, v.SecondaryUID = sec.VMI, sec.Node, string(sec.UID)
+		v.Secondary, v.SecondaryNode, v.SecondaryUID = sec.VMI, sec.Node, sec.UID
 	}
 	return v
 }

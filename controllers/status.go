@@ -78,7 +78,7 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		st.State = ftv1.StateFailingOver
 		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
 			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
-	case ftvm.Spec.Protection != "" && ftvm.Spec.Protection != ftv1.ProtectionEnabled && alive(s.primary):
+	case s.unprotectedByChoice() && alive(s.primary):
 		st.State = ftv1.StateNotProtected
 		reason, msg := protectionOff(s)
 		set(ftv1.ConditionProtected, false, reason, msg)
@@ -108,6 +108,12 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 
 	setFencedCondition(s, set)
 	setRestartRequired(s, set)
+}
+
+// unprotectedByChoice says whether spec.protection keeps the pair without a secondary.
+func (s *scope) unprotectedByChoice() bool {
+	p := s.ftvm.Spec.Protection
+	return p != "" && p != ftv1.ProtectionEnabled
 }
 
 // protectionOff is the Protected condition's reason and message while spec.protection keeps the
@@ -186,7 +192,7 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 	}
 	if mv == nil {
 		switch {
-		case role == "secondary" && s.ftvm.Spec.Protection != "" && s.ftvm.Spec.Protection != ftv1.ProtectionEnabled:
+		case role == "secondary" && s.unprotectedByChoice():
 			return protectionOffCondition(s)
 		case startErr != nil && errors.Is(startErr, placement.ErrNoEligibleNode):
 			return false, ftv1.ReasonNoEligibleNode, fmt.Sprintf("no node can take the %s: %v", role, startErr)
@@ -222,7 +228,7 @@ func memberStatus(mv *memberView) *ftv1.MemberStatus {
 	if mv == nil {
 		return nil
 	}
-	ms := &ftv1.MemberStatus{VMI: mv.vmi.Name, UID: mv.vmi.UID, Node: mv.node, Phase: mv.vmi.Status.Phase}
+	ms := &ftv1.MemberStatus{VMI: mv.vmi.Name, UID: string(mv.vmi.UID), Node: mv.node, Phase: mv.vmi.Status.Phase}
 	if since, err := time.Parse(time.RFC3339, mv.vmi.Annotations[ftv1.AnnotationRoleSince]); err == nil {
 		t := metav1.NewTime(since)
 		ms.Since = &t

@@ -9,7 +9,7 @@ import (
 func TestDefault(t *testing.T) {
 	empty := &FaultTolerantVM{}
 	Default(empty)
-	if empty.Spec.RunStrategy != RunStrategyRunning || empty.Spec.UpdatePolicy != UpdatePolicyStaged {
+	if empty.Spec.RunStrategy != RunStrategyRunning || empty.Spec.UpdatePolicy != UpdatePolicyStaged || empty.Spec.Protection != ProtectionEnabled {
 		t.Fatalf("defaults not set: %+v", empty.Spec)
 	}
 	again := empty.DeepCopy()
@@ -17,9 +17,9 @@ func TestDefault(t *testing.T) {
 	if !equality.Semantic.DeepEqual(empty, again) {
 		t.Fatal("defaulting twice changed the object: a GitOps tool would see drift")
 	}
-	set := &FaultTolerantVM{Spec: FaultTolerantVMSpec{RunStrategy: RunStrategyHalted, UpdatePolicy: UpdatePolicyRefuse}}
+	set := &FaultTolerantVM{Spec: FaultTolerantVMSpec{RunStrategy: RunStrategyHalted, UpdatePolicy: UpdatePolicyRefuse, Protection: ProtectionDisabled}}
 	Default(set)
-	if set.Spec.RunStrategy != RunStrategyHalted || set.Spec.UpdatePolicy != UpdatePolicyRefuse {
+	if set.Spec.RunStrategy != RunStrategyHalted || set.Spec.UpdatePolicy != UpdatePolicyRefuse || set.Spec.Protection != ProtectionDisabled {
 		t.Fatalf("defaulting overwrote what was set: %+v", set.Spec)
 	}
 }

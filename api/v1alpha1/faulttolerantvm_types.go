@@ -3,7 +3,6 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 )
 
@@ -228,8 +227,10 @@ type MemberStatus struct {
 	// +required
 	VMI string `json:"vmi,omitempty"`
 	// uid is the member VMI's UID: a member's name may be used again once it is gone.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=36
 	// +optional
-	UID types.UID `json:"uid,omitempty"`
+	UID string `json:"uid,omitempty"`
 	// node is the node the member was placed on.
 	// +kubebuilder:validation:MinLength=1
 	// +optional

@@ -44,11 +44,11 @@ type FaultTolerantVMOperationSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
 	// +required
-	FaultTolerantVMName string `json:"faultTolerantVMName"`
+	FaultTolerantVMName string `json:"faultTolerantVMName,omitempty"`
 
 	// type is TestFailover, TestRestartSecondary or MigrateSecondary.
 	// +required
-	Type OperationType `json:"type"`
+	Type OperationType `json:"type,omitempty"`
 
 	// node is where MigrateSecondary starts the new secondary; without it placement chooses
 	// any node that fits other than the secondary's and the primary's.
@@ -72,9 +72,10 @@ type FaultTolerantVMOperationStatus struct {
 	// +optional
 	Message string `json:"message,omitempty"`
 
-	// primary and secondary are the pair's members when the operation started.
+	// primary is the pair's primary when the operation started.
 	// +optional
 	Primary *MemberStatus `json:"primary,omitempty"`
+	// secondary is the pair's secondary when the operation started.
 	// +optional
 	Secondary *MemberStatus `json:"secondary,omitempty"`
 
@@ -82,9 +83,10 @@ type FaultTolerantVMOperationStatus struct {
 	// +optional
 	Result *OperationResult `json:"result,omitempty"`
 
-	// startTime is when the operation started; completionTime when it succeeded or failed.
+	// startTime is when the operation started.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// completionTime is when it succeeded or failed.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
@@ -98,6 +100,7 @@ type OperationResult struct {
 	// +optional
 	Secondary *MemberStatus `json:"secondary,omitempty"`
 	// epoch is the pair's record's epoch.
+	// +kubebuilder:validation:Minimum=1
 	// +optional
 	Epoch int64 `json:"epoch,omitempty"`
 }

@@ -156,7 +156,7 @@ func withoutReservation(n Node, pair string) Node {
 	out := n
 	out.Members = make([]Member, 0, len(n.Members))
 	for _, m := range n.Members {
-		if !(m.Reserved && m.Pair == pair) {
+		if !m.Reserved || m.Pair != pair {
 			out.Members = append(out.Members, m)
 		}
 	}

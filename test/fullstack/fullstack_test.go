@@ -16,6 +16,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -200,6 +201,93 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		expectOnePrimary()
 		reviveNode(p.Node)
 	})
+
+	// vSphere FT's operations (FaultTolerantVMOperation and spec.protection), on every real part.
+
+	It("TestFailover: the secondary takes over from the running primary, nothing lost, and a new secondary protects it", func() {
+		f := protected()
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		failovers := f.Status.FailoverCount
+		asked := time.Now()
+		runOperation("test-failover", ftv1.OperationTestFailover, "")
+		done := waitOperation("test-failover")
+		figures.Add("TestFailover: asked → Succeeded (Protected again)", time.Since(asked))
+		Expect(done.Status.Primary.UID).To(Equal(p.UID))
+		Expect(done.Status.Result.Primary.UID).To(Equal(s.UID), "the secondary took over")
+		Expect(done.Status.Result.Secondary.UID).NotTo(BeElementOf(p.UID, s.UID))
+		again := protected()
+		Expect(again.Status.FailoverCount).To(Equal(failovers + 1))
+		Expect(recordHolder()).To(Equal(ftv1.SideIdentity(s.Node, s.VMI)))
+		expectOnePrimary()
+		expectServing(cl)
+	})
+
+	It("TestRestartSecondary: a new secondary, and the primary serves on", func() {
+		f := protected()
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		failovers := f.Status.FailoverCount
+		asked := time.Now()
+		runOperation("restart-secondary", ftv1.OperationTestRestartSecondary, "")
+		done := waitOperation("restart-secondary")
+		figures.Add("TestRestartSecondary: asked → Succeeded (Protected again)", time.Since(asked))
+		Expect(done.Status.Result.Primary.UID).To(Equal(p.UID))
+		Expect(done.Status.Result.Secondary.UID).NotTo(Equal(s.UID))
+		Expect(protected().Status.FailoverCount).To(Equal(failovers))
+		expectServing(cl)
+	})
+
+	It("MigrateSecondary: the secondary moves to the node asked for", func() {
+		f := protected()
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		target := ""
+		for i := 1; i <= nodes; i++ {
+			if n := nodeName(i); n != p.Node && n != s.Node && nodeReady(n) {
+				target = n
+			}
+		}
+		Expect(target).NotTo(BeEmpty())
+		asked := time.Now()
+		runOperation("migrate-secondary", ftv1.OperationMigrateSecondary, target)
+		done := waitOperation("migrate-secondary")
+		figures.Add("MigrateSecondary: asked → Succeeded (Protected on the new node)", time.Since(asked))
+		Expect(done.Status.Result.Secondary.Node).To(Equal(target))
+		Expect(done.Status.Result.Primary.UID).To(Equal(p.UID))
+		Expect(protected().Status.Secondary.Node).To(Equal(target))
+		expectServing(cl)
+	})
+
+	It("protection Suspended: the VM serves on alone; Enabled protects it again on the reserved node", func() {
+		f := protected()
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		setProtection(ftv1.ProtectionSuspended)
+		waitFor("suspended", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+			c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
+			return f.Status.Secondary == nil && c != nil && c.Reason == ftv1.ReasonProtectionSuspended
+		})
+		expectServing(cl)
+		Expect(getFTVM().Status.Primary.UID).To(Equal(p.UID))
+		asked := time.Now()
+		setProtection(ftv1.ProtectionEnabled)
+		again := protected()
+		figures.Add("protection Suspended → Enabled: Protected again", time.Since(asked))
+		Expect(again.Status.Primary.UID).To(Equal(p.UID))
+		Expect(again.Status.Secondary.Node).To(Equal(s.Node), "the reserved node")
+		expectServing(cl)
+	})
+
+	It("protection Disabled: the VM serves on alone; Enabled protects it again", func() {
+		f := protected()
+		p := *f.Status.Primary
+		setProtection(ftv1.ProtectionDisabled)
+		waitFor("protection off", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+			c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
+			return f.Status.Secondary == nil && c != nil && c.Reason == ftv1.ReasonProtectionDisabled
+		})
+		expectServing(cl)
+		setProtection(ftv1.ProtectionEnabled)
+		Expect(protected().Status.Primary.UID).To(Equal(p.UID))
+		expectServing(cl)
+	})
 })
 
 func getFTVM() *ftv1.FaultTolerantVM {
@@ -344,4 +432,34 @@ func waitReplyAfter(cl *client, t time.Time) (before, after counterReply) {
 		return !a.At.IsZero()
 	}, time.Minute, 20*time.Millisecond).Should(BeTrue(), "the VM answers the client again")
 	return cl.Around(t)
+}
+
+func runOperation(name string, typ ftv1.OperationType, node string) {
+	ExpectWithOffset(1, k8s.Create(context.Background(), &ftv1.FaultTolerantVMOperation{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec:       ftv1.FaultTolerantVMOperationSpec{FaultTolerantVMName: ftvmName, Type: typ, Node: node},
+	})).To(Succeed())
+}
+
+// waitOperation waits until the operation Succeeded.
+func waitOperation(name string) *ftv1.FaultTolerantVMOperation {
+	op := &ftv1.FaultTolerantVMOperation{}
+	EventuallyWithOffset(1, func(g Gomega) {
+		g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, op)).To(Succeed())
+		g.Expect(op.Status.Phase).To(Equal(ftv1.OperationSucceeded), "%s: %s", op.Status.Phase, op.Status.Message)
+	}, 5*time.Minute, 200*time.Millisecond).Should(Succeed())
+	return op
+}
+
+func setProtection(p ftv1.Protection) {
+	f := getFTVM()
+	base := f.DeepCopy()
+	f.Spec.Protection = p
+	ExpectWithOffset(1, k8s.Patch(context.Background(), f, ctrlclient.MergeFrom(base))).To(Succeed())
+}
+
+// expectServing checks that the VM answers the client a few more times.
+func expectServing(cl *client) {
+	n := cl.Count()
+	EventuallyWithOffset(1, cl.Count, time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", n+3), "the VM answers the client")
 }
