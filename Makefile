@@ -53,7 +53,7 @@ fmt: ## go fmt.
 
 .PHONY: vet
 vet: ## go vet (the e2e, VM and chaos suites too).
-	go vet -tags e2e,vmtier,chaos,fullstack ./...
+	go vet -tags e2e,vmtier,chaos,fullstack,helm ./...
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) lint-api ## golangci-lint (config in .golangci.yml), its depguard rules proven, and the Kube API Linter over api/.
@@ -79,7 +79,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy, the
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-fullstack test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-helm test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -128,6 +128,10 @@ test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); 
 .PHONY: test-fullstack
 test-fullstack: vm-assets libvirt-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
 	go test -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
+
+.PHONY: test-helm
+test-helm: ## helm install, upgrade and uninstall on a local cluster of its own (lockstep-helm; HELM_KEEP=1 leaves it up).
+	go test -tags helm -count=1 -timeout 20m -v ./test/helm/... -ginkgo.v -ginkgo.timeout=20m
 
 .PHONY: test-chaos
 test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40); CHAOS_KEEP=1 leaves the cluster up.

@@ -30,9 +30,18 @@
 #   hack/local-cluster.sh start|stop|kill operator|kubevirt-double
 #                                           manage a process (stop: SIGTERM; kill: SIGKILL)
 #   hack/local-cluster.sh logs operator|kubevirt-double   print the process's log path
+#   hack/local-cluster.sh helm ARGS...      run helm against the cluster
 #
-# Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s),
-# OPERATOR_ARGS (more operator flags), FULL_STACK, LOCKSTEP_CACHE.
+# INSTALL=helm installs lockstep with `helm upgrade --install` of charts/lockstep and the values
+# of hack/local-cluster-values.yaml (HELM_VALUES: more values files) instead of config/local. kwok
+# runs no containers, so the operator runs as a process with the args of the chart's Deployment
+# (read back from the API: a `helm upgrade` followed by `stop`/`start operator` is a rollout), its
+# webhook certificate from the chart's Secret, and its webhooks, which the API server calls on
+# loopback (the chart's webhook.url). Not with FULL_STACK.
+#
+# Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s; with
+# INSTALL=helm the chart's operator.nodeLostGrace), OPERATOR_ARGS (more operator flags),
+# FULL_STACK, INSTALL, HELM_VALUES, LOCKSTEP_CACHE.
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
@@ -66,6 +75,7 @@ up() {
   local nodes="${1:-6}"
   "$ROOT/hack/build-k8s-binaries.sh" kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
   "$ROOT/hack/tools.sh" kwokctl kwok kustomize
+  if helm_install; then "$ROOT/hack/tools.sh" helm; fi
   "$ROOT/hack/test-crds.sh"
   (cd "$ROOT" && go build -o bin/lockstep-operator ./cmd/lockstep-operator &&
     go build -o bin/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double)
@@ -105,7 +115,13 @@ install() {
   for d in kubevirt multus cert-manager monitoring; do
     kubectl apply --server-side --force-conflicts -f "$ROOT/bin/test-crds/$d" >/dev/null
   done
-  "$ROOT/bin/kustomize" build "$ROOT/config/local" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+  if helm_install; then
+    local values=(-f "$ROOT/hack/local-cluster-values.yaml") f
+    for f in ${HELM_VALUES:-}; do values+=(-f "$f"); done
+    helm upgrade --install lockstep "$ROOT/charts/lockstep" -n lockstep-system --create-namespace "${values[@]}" >/dev/null
+  else
+    "$ROOT/bin/kustomize" build "$ROOT/config/local" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+  fi
   if full_stack; then
     "$ROOT/bin/kustomize" build "$ROOT/config/lockstepd" | kubectl apply --server-side --force-conflicts -f - >/dev/null
   fi
@@ -113,6 +129,23 @@ install() {
 }
 
 full_stack() { [ -n "${FULL_STACK:-}" ] && [ "${FULL_STACK}" != 0 ]; }
+helm_install() { [ "${INSTALL:-}" = helm ]; }
+helm() { "$ROOT/bin/helm" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+
+# helm_operator_args: the args of the chart's operator Deployment, then what a process outside the
+# cluster needs instead (flags given later win); its webhook certificate goes to RUN_DIR.
+helm_operator_args() {
+  local dir="$RUN_DIR/webhook-certs" key
+  mkdir -p "$dir"
+  for key in tls.crt tls.key; do
+    kubectl -n lockstep-system get secret lockstep-webhook-tls -o "jsonpath={.data.${key//./\\.}}" | base64 -d >"$dir/$key"
+  done
+  chmod 600 "$dir/tls.key"
+  kubectl -n lockstep-system get deployment lockstep-operator \
+    -o go-template='{{range (index .spec.template.spec.containers 0).args}}{{.}}{{"\n"}}{{end}}'
+  printf '%s\n' --kubeconfig "$RUN_DIR/operator.kubeconfig" --leader-election-namespace lockstep-system \
+    --metrics-bind-address 0 --health-probe-bind-address 0 --webhook-cert-dir "$dir"
+}
 
 # operator_kubeconfig: a kubeconfig with the operator ServiceAccount's token, so that the
 # operator runs with exactly the RBAC it has in a cluster.
@@ -140,10 +173,17 @@ start() {
   case "$1" in
     operator)
       operator_kubeconfig
+      if helm_install; then
+        local args
+        mapfile -t args < <(helm_operator_args)
+        # shellcheck disable=SC2206 # OPERATOR_ARGS is a list of flags
+        cmd=("$ROOT/bin/lockstep-operator" "${args[@]}" ${OPERATOR_ARGS:-})
+      else
       # shellcheck disable=SC2206 # OPERATOR_ARGS is a list of flags
       cmd=("$ROOT/bin/lockstep-operator" --kubeconfig "$RUN_DIR/operator.kubeconfig"
         --leader-elect --leader-election-namespace lockstep-system --metrics-bind-address 0 --health-probe-bind-address 0
         --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s --webhooks=false ${OPERATOR_ARGS:-})
+      fi
       if full_stack; then cmd+=(--colo); fi ;;
     kubevirt-double)
       cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")
@@ -232,7 +272,7 @@ down() {
 
 usage() {
   echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node|revive-node|silence-node NAME" \
-    "| partition-node|heal-node NAME | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double" >&2
+    "| partition-node|heal-node NAME | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double | helm ARGS..." >&2
   exit 2
 }
 
@@ -251,5 +291,6 @@ case "${1:-}" in
   stop) stop "$2" TERM ;;
   kill) stop "$2" KILL ;;
   logs) echo "$RUN_DIR/$2.log" ;;
+  helm) shift; helm "$@" ;;
   *) usage ;;
 esac
