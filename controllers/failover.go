@@ -37,6 +37,13 @@ func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) e
 		if err != nil {
 			return err
 		}
+		if s.record.Exists && fresh.Exists && (fresh.Holder != s.record.Holder || fresh.Epoch != s.record.Epoch) {
+			// The record moved after this reconcile's view was taken (lockstepd's claim, or a
+			// write of ours the cache does not show yet): the members were judged without it.
+			// Judge them again from a view that includes it, rather than override the claim.
+			s.requeueWithin(200 * time.Millisecond)
+			return errStop
+		}
 		if _, counted := fresh.lease.GetAnnotations()[ftv1.AnnotationPromotions]; !counted {
 			fresh.Promotions = s.ftvm.Status.FailoverCount // no record, or one lockstepd made
 		}
