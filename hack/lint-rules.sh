@@ -19,6 +19,8 @@ checks=(
   "operator-not-daemon internal/admission $mod/internal/lockstepd"
   "rules-pure internal/validation sigs.k8s.io/controller-runtime/pkg/client"
   "rules-pure internal/placement k8s.io/client-go/rest"
+  "decisions-pure internal/roles k8s.io/apimachinery/pkg/types"
+  "decisions-pure internal/operations sigs.k8s.io/controller-runtime/pkg/client"
   "nodecert-pure internal/nodecert k8s.io/api/certificates/v1"
   "nodecert-pure internal/nodecert os"
 )
