@@ -88,8 +88,9 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			metrics.Forget(req.Namespace, req.Name)
 			r.announced.forget(req.NamespacedName)
 			r.protectedOnce.Delete(req.NamespacedName)
+			return ctrl.Result{}, r.orphanedOperations(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
 	if !ftvm.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, ftvm)

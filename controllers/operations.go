@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -219,6 +220,35 @@ func (r *FaultTolerantVMReconciler) testFailover(ctx context.Context, s *scope, 
 	return r.setOperation(ctx, op, func(st *ftv1.FaultTolerantVMOperationStatus) {
 		st.Message = fmt.Sprintf("secondary %s took over at epoch %d; a new secondary starts", sec.vmi.Name, next.Epoch)
 	})
+}
+
+// orphanedOperations says so on the operations of a FaultTolerantVM that does not exist: one that
+// had not started waits for a FaultTolerantVM of that name (a GitOps tool may create the
+// operation first); one that ran fails, since the pair it acted on is gone.
+func (r *FaultTolerantVMReconciler) orphanedOperations(ctx context.Context, key types.NamespacedName) error {
+	var list ftv1.FaultTolerantVMOperationList
+	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{indexOperationByFTVM: key.Name}); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		op := &list.Items[i]
+		if op.Done() || op.DeletionTimestamp != nil {
+			continue
+		}
+		err := r.setOperation(ctx, op, func(st *ftv1.FaultTolerantVMOperationStatus) {
+			if st.Phase == ftv1.OperationRunning {
+				now := metav1.NewTime(r.Clock.Now())
+				st.Phase, st.CompletionTime = ftv1.OperationFailed, &now
+				st.Message = fmt.Sprintf("FaultTolerantVM %s was deleted while the operation ran", key.Name)
+				return
+			}
+			st.Phase, st.Message = ftv1.OperationPending, fmt.Sprintf("waiting: FaultTolerantVM %s does not exist", key.Name)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // setOperation patches an operation's status when change changes it.

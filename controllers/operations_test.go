@@ -179,6 +179,19 @@ var _ = Describe("Day-2 operations", func() {
 			Expect(second.Status.StartTime.Time).NotTo(BeTemporally("<", getOperation(ns, "first").Status.CompletionTime.Time))
 		})
 
+		It("waits for a FaultTolerantVM that does not exist yet, and starts once it does", func() {
+			op := &ftv1.FaultTolerantVMOperation{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "early"},
+				Spec:       ftv1.FaultTolerantVMOperationSpec{FaultTolerantVMName: "later", Type: ftv1.OperationTestRestartSecondary},
+			}
+			Expect(k8s.Create(ctx(), op)).To(Succeed())
+			Eventually(func() string { return getOperation(ns, "early").Status.Message }, timeout, interval).
+				Should(Equal("waiting: FaultTolerantVM later does not exist"))
+			Expect(getOperation(ns, "early").Status.Phase).To(Equal(ftv1.OperationPending))
+			Expect(k8s.Create(ctx(), newFTVM(ns, "later"))).To(Succeed())
+			waitForOperation(ns, "early", ftv1.OperationSucceeded)
+		})
+
 		It("refuses a change to an operation's spec, and node for other types, at admission", func() {
 			err := k8s.Create(ctx(), &ftv1.FaultTolerantVMOperation{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nodeful"},
