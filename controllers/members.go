@@ -211,11 +211,11 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 // copies).
 func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) (*memberView, error) {
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
-	nm.req.AvoidNodes = append([]string{s.primary.node}, s.suspect...)
+	nm.req.AvoidNodes, nm.req.SuspectNodes = []string{s.primary.node}, s.suspect
 	if node, avoid := s.operationPlacement(); node != "" || avoid != "" {
 		nm.req.Node = node // a migration of the secondary
 		if avoid != "" {
-			nm.req.AvoidNodes = append(nm.req.AvoidNodes, avoid)
+			nm.req.SuspectNodes = append(nm.req.SuspectNodes, avoid)
 		}
 	}
 	if key := s.ftvm.Spec.TopologyKey; key != "" {

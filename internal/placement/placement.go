@@ -77,6 +77,9 @@ type Request struct {
 	AvoidNodes []string
 	// AvoidDomains are topology domains the member must not use: the other member's domain.
 	AvoidDomains []string
+	// SuspectNodes are nodes that lost or dropped a member of the pair moments ago: they may be
+	// dying before the API server says so. Not avoided when Node names one (a person chose it).
+	SuspectNodes []string
 	// Node, when set, is the only node the member may use (a migration to a chosen node).
 	Node string
 }
@@ -91,6 +94,7 @@ const (
 	RejectLogBandwidth   = "logging bandwidth budget exhausted"
 	RejectNoTopologyInfo = "has no value for the topology key"
 	RejectNotAsked       = "not the node asked for"
+	RejectSuspect        = "lost or dropped a member of this pair moments ago"
 )
 
 // ErrNoEligibleNode is returned (wrapped in a *NoEligibleNodeError) when no node fits.
@@ -184,6 +188,11 @@ func Fits(n Node, req Request) string {
 	for _, a := range req.AvoidNodes {
 		if a == n.Name {
 			return RejectAntiAffinity
+		}
+	}
+	for _, a := range req.SuspectNodes {
+		if a == n.Name && req.Node == "" {
+			return RejectSuspect
 		}
 	}
 	if len(req.AvoidDomains) > 0 {

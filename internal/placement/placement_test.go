@@ -531,3 +531,17 @@ func TestNoSlotHeldForADisabledPairsSecondary(t *testing.T) {
 		t.Fatal("a slot must be held on b for x's secondary when x is not Disabled")
 	}
 }
+
+// A node that just lost or dropped a member of the pair is avoided, unless a person asked for it.
+func TestSuspectNodesAvoidedUnlessAskedFor(t *testing.T) {
+	nodes := []Node{{Name: "a", Limits: defaultLimits}, {Name: "b", Limits: defaultLimits}}
+	_, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, AvoidNodes: []string{"a"}, SuspectNodes: []string{"b"}})
+	var nee *NoEligibleNodeError
+	if !errors.As(err, &nee) || nee.Rejected["b"] != RejectSuspect {
+		t.Fatalf("want b rejected as suspect: %v", err)
+	}
+	got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, AvoidNodes: []string{"a"}, SuspectNodes: []string{"b"}, Node: "b"})
+	if err != nil || got != "b" {
+		t.Fatalf("the node asked for: %q, %v", got, err)
+	}
+}

@@ -240,12 +240,14 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		f := protected()
 		p, s := *f.Status.Primary, *f.Status.Secondary
 		target := ""
-		for i := 1; i <= nodes; i++ {
-			if n := nodeName(i); n != p.Node && n != s.Node && nodeReady(n) {
-				target = n
+		Eventually(func() string {
+			for i := 1; i <= nodes; i++ {
+				if n := nodeName(i); n != p.Node && n != s.Node && nodeSchedulable(n) {
+					target = n
+				}
 			}
-		}
-		Expect(target).NotTo(BeEmpty())
+			return target
+		}, time.Minute, 200*time.Millisecond).ShouldNot(BeEmpty(), "a node that can take the secondary")
 		asked := time.Now()
 		runOperation("migrate-secondary", ftv1.OperationMigrateSecondary, target)
 		done := waitOperation("migrate-secondary")
@@ -380,6 +382,21 @@ func expectOnePrimary() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// nodeSchedulable says whether a node is Ready, not cordoned and free of the taints that keep
+// members off it (a revived node may keep its unreachable taint a while).
+func nodeSchedulable(name string) bool {
+	var n corev1.Node
+	if err := k8s.Get(context.Background(), types.NamespacedName{Name: name}, &n); err != nil || n.Spec.Unschedulable {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+			return false
+		}
+	}
+	return nodeReady(name)
 }
 
 func nodeReady(name string) bool {
