@@ -37,7 +37,7 @@ func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) e
 		if err != nil {
 			return err
 		}
-		if s.record.Exists && fresh.Exists && (fresh.Holder != s.record.Holder || fresh.Epoch != s.record.Epoch) {
+		if s.record.Exists && fresh.Exists && s.record.movedTo(fresh) {
 			// The record moved after this reconcile's view was taken (lockstepd's claim, or a
 			// write of ours the cache does not show yet): the members were judged without it.
 			// Judge them again from a view that includes it, rather than override the claim.

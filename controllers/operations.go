@@ -33,17 +33,26 @@ import (
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvmoperations,verbs=get;list;watch
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvmoperations/status,verbs=get;update;patch
 
-// loadOperations finds the pair's operation that runs or is next, and the ones queued after it.
-func (r *FaultTolerantVMReconciler) loadOperations(ctx context.Context, s *scope) error {
+// openOperations lists the operations on the FaultTolerantVM key names that have not ended.
+func (r *FaultTolerantVMReconciler) openOperations(ctx context.Context, key types.NamespacedName) ([]*ftv1.FaultTolerantVMOperation, error) {
 	var list ftv1.FaultTolerantVMOperationList
-	if err := r.List(ctx, &list, client.InNamespace(s.ftvm.Namespace), client.MatchingFields{indexOperationByFTVM: s.ftvm.Name}); err != nil {
-		return err
+	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{indexOperationByFTVM: key.Name}); err != nil {
+		return nil, err
 	}
 	var open []*ftv1.FaultTolerantVMOperation
 	for i := range list.Items {
 		if op := &list.Items[i]; !op.Done() && op.DeletionTimestamp == nil {
 			open = append(open, op)
 		}
+	}
+	return open, nil
+}
+
+// loadOperations finds the pair's operation that runs or is next, and the ones queued after it.
+func (r *FaultTolerantVMReconciler) loadOperations(ctx context.Context, s *scope) error {
+	open, err := r.openOperations(ctx, client.ObjectKeyFromObject(s.ftvm))
+	if err != nil {
+		return err
 	}
 	// A running one first (an operator restarted midway), then the oldest.
 	sort.SliceStable(open, func(i, j int) bool {
@@ -195,17 +204,13 @@ func (r *FaultTolerantVMReconciler) testFailover(ctx context.Context, s *scope, 
 	if err != nil {
 		return err
 	}
-	if fresh.Operation == string(op.UID) || fresh.Holder != s.record.Holder || fresh.Epoch != s.record.Epoch {
+	if fresh.Operation == string(op.UID) || s.record.movedTo(fresh) {
 		s.requeueWithin(200 * time.Millisecond) // the cache trails the record: decide again from it
 		return errStop
 	}
 	sec := s.secondary
-	next := fresh.Record
-	next.Holder, next.Epoch, next.Operation = sec.vmi.Name, fresh.Epoch+1, string(op.UID)
-	if next.LastPromoted != sec.vmi.Name {
-		next.Promotions++
-		next.LastPromoted = sec.vmi.Name
-	}
+	next, _ := fresh.Promote(sec.vmi.Name)
+	next.Operation = string(op.UID)
 	if err := r.writeRecord(ctx, s.ftvm, fresh, next, sec.node); err != nil {
 		return r.retryOnRace(s, err)
 	}
@@ -226,15 +231,11 @@ func (r *FaultTolerantVMReconciler) testFailover(ctx context.Context, s *scope, 
 // had not started waits for a FaultTolerantVM of that name (a GitOps tool may create the
 // operation first); one that ran fails, since the pair it acted on is gone.
 func (r *FaultTolerantVMReconciler) orphanedOperations(ctx context.Context, key types.NamespacedName) error {
-	var list ftv1.FaultTolerantVMOperationList
-	if err := r.List(ctx, &list, client.InNamespace(key.Namespace), client.MatchingFields{indexOperationByFTVM: key.Name}); err != nil {
+	open, err := r.openOperations(ctx, key)
+	if err != nil {
 		return err
 	}
-	for i := range list.Items {
-		op := &list.Items[i]
-		if op.Done() || op.DeletionTimestamp != nil {
-			continue
-		}
+	for _, op := range open {
 		err := r.setOperation(ctx, op, func(st *ftv1.FaultTolerantVMOperationStatus) {
 			if st.Phase == ftv1.OperationRunning {
 				now := metav1.NewTime(r.Clock.Now())

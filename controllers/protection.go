@@ -16,7 +16,7 @@ import (
 // has a secondary again, which takes that place first.
 func (r *FaultTolerantVMReconciler) phaseProtection(ctx context.Context, s *scope) error {
 	want := s.ftvm.Spec.Protection
-	if want == "" || want == ftv1.ProtectionEnabled {
+	if !s.unprotectedByChoice() {
 		if s.record.ReservedNode != "" && s.secondary != nil {
 			return r.reserve(ctx, s, "") // resumed: the secondary took the reservation's place
 		}
@@ -53,6 +53,12 @@ func (r *FaultTolerantVMReconciler) phaseProtection(ctx context.Context, s *scop
 		"secondary %s on node %s stopped: %s; the VM runs unprotected", mv.vmi.Name, mv.node, why)
 	s.secondary = nil
 	return nil
+}
+
+// unprotectedByChoice says whether spec.protection keeps the pair without a secondary.
+func (s *scope) unprotectedByChoice() bool {
+	p := s.ftvm.Spec.Protection
+	return p != "" && p != ftv1.ProtectionEnabled
 }
 
 // reserve writes node as the pair's reserved node ("" releases it), by compare-and-set on the

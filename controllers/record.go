@@ -154,6 +154,12 @@ func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.
 	return r.loadRecord(ctx, r.APIReader, ftvm)
 }
 
+// movedTo says whether the record changed hands or epoch between r, as a view saw it, and fresh:
+// a decision taken from r's view may not act on fresh.
+func (r *record) movedTo(fresh *record) bool {
+	return fresh.Holder != r.Holder || fresh.Epoch != r.Epoch
+}
+
 // setOrDelete sets annotation key to value, or removes it when value is "".
 func setOrDelete(annotations map[string]string, key, value string) {
 	if value == "" {

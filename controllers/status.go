@@ -110,12 +110,6 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	setRestartRequired(s, set)
 }
 
-// unprotectedByChoice says whether spec.protection keeps the pair without a secondary.
-func (s *scope) unprotectedByChoice() bool {
-	p := s.ftvm.Spec.Protection
-	return p != "" && p != ftv1.ProtectionEnabled
-}
-
 // protectionOff is the Protected condition's reason and message while spec.protection keeps the
 // pair without a secondary.
 func protectionOff(s *scope) (string, string) {

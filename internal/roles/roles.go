@@ -163,9 +163,12 @@ func (p *Plan) decideHolder(rec Record, holder *Member, members []Member) Record
 				(holder == nil || holder.Role == Primary)
 		}
 		if s := best(members, func(m *Member) bool { return successor(m) && m.Health == Running }); s != nil {
-			next.Holder, next.Epoch = s.Name, rec.Epoch+1
+			var counted bool
+			next, counted = rec.Promote(s.Name)
 			p.Primary, p.Relabel = s.Name, s.Name
-			p.count(&next, s)
+			if counted {
+				p.Promoted = s.Name
+			}
 		} else if s := best(members, func(m *Member) bool { return successor(m) && m.Health == Suspect }); s != nil {
 			// Promoting loses nothing, restarting loses the VM's memory: wait for the verdict.
 			p.Secondary, p.Waiting = s.Name, true
@@ -205,13 +208,32 @@ func (p *Plan) fenceOthers(rec, next Record, members []Member) {
 	}
 }
 
-// count counts the promotion of s in the record, once: the promoted member's name is the key.
+// count counts the promotion of s in the record, once.
 func (p *Plan) count(next *Record, s *Member) {
-	if next.LastPromoted != s.Name {
-		next.Promotions++
-		next.LastPromoted = s.Name
+	if next.countPromotion(s.Name) {
 		p.Promoted = s.Name
 	}
+}
+
+// Promote is rec with member holding it at the next epoch and the promotion counted once: the
+// record of a secondary that takes over (on the primary's loss, or in a test failover). It says
+// whether it counted the promotion.
+func (rec Record) Promote(member string) (Record, bool) {
+	next := rec
+	next.Holder, next.Epoch = member, rec.Epoch+1
+	counted := next.countPromotion(member)
+	return next, counted
+}
+
+// countPromotion counts a promotion of member once: the promoted member's name is the key, so
+// that a retried count does not count twice. It says whether it counted.
+func (rec *Record) countPromotion(member string) bool {
+	if rec.LastPromoted == member {
+		return false
+	}
+	rec.Promotions++
+	rec.LastPromoted = member
+	return true
 }
 
 // chooseSecondary keeps one secondary beside a primary that can feed it; the others are dropped.

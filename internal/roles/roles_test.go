@@ -160,3 +160,15 @@ func show(p Plan) shown {
 	s.Record = nil
 	return s
 }
+
+func TestPromoteCountsOnce(t *testing.T) {
+	rec := Record{Exists: true, Holder: "vm-1", Epoch: 3, Promotions: 1, LastPromoted: "vm-0"}
+	next, counted := rec.Promote("vm-2")
+	if !counted || next.Holder != "vm-2" || next.Epoch != 4 || next.Promotions != 2 || next.LastPromoted != "vm-2" {
+		t.Fatalf("Promote = %+v, %v", next, counted)
+	}
+	again, counted := next.Promote("vm-2")
+	if counted || again.Promotions != 2 || again.Epoch != 5 {
+		t.Fatalf("a retried promotion of the same member counted again: %+v, %v", again, counted)
+	}
+}
