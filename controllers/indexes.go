@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -19,6 +20,10 @@ const (
 	indexFTVMNeedsCapacity = "lockstep.needsCapacity"
 	// indexOperationByFTVM indexes FaultTolerantVMOperations by the FaultTolerantVM they act on.
 	indexOperationByFTVM = "lockstep.operationFTVM"
+	// indexFTVMProtection indexes FaultTolerantVMs by spec.protection.
+	indexFTVMProtection = "lockstep.protection"
+	// indexRecordReserves indexes the pairs' records that keep a node reserved ("true").
+	indexRecordReserves = "lockstep.reserves"
 )
 
 // SetupIndexes registers the field indexes with the manager's cache.
@@ -41,6 +46,19 @@ func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
 	}
 	if err := indexer.IndexField(ctx, &ftv1.FaultTolerantVMOperation{}, indexOperationByFTVM, func(o client.Object) []string {
 		return []string{o.(*ftv1.FaultTolerantVMOperation).Spec.FaultTolerantVMName}
+	}); err != nil {
+		return err
+	}
+	if err := indexer.IndexField(ctx, &ftv1.FaultTolerantVM{}, indexFTVMProtection, func(o client.Object) []string {
+		return []string{string(o.(*ftv1.FaultTolerantVM).Spec.Protection)}
+	}); err != nil {
+		return err
+	}
+	if err := indexer.IndexField(ctx, &coordinationv1.Lease{}, indexRecordReserves, func(o client.Object) []string {
+		if o.GetAnnotations()[ftv1.AnnotationReservedNode] != "" {
+			return []string{"true"}
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -212,14 +212,12 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 // pairsAlone are the pairs whose protection is Disabled: no secondary is held for them.
 func (p *Placer) pairsAlone(ctx context.Context) (map[string]bool, error) {
 	var ftvms ftv1.FaultTolerantVMList
-	if err := p.Reader.List(ctx, &ftvms); err != nil {
+	if err := p.Reader.List(ctx, &ftvms, client.MatchingFields{indexFTVMProtection: string(ftv1.ProtectionDisabled)}); err != nil {
 		return nil, err
 	}
 	out := map[string]bool{}
 	for i := range ftvms.Items {
-		if f := &ftvms.Items[i]; f.Spec.Protection == ftv1.ProtectionDisabled {
-			out[pairKey(f.Namespace, f.Name)] = true
-		}
+		out[pairKey(ftvms.Items[i].Namespace, ftvms.Items[i].Name)] = true
 	}
 	return out, nil
 }
@@ -228,7 +226,7 @@ func (p *Placer) pairsAlone(ctx context.Context) (map[string]bool, error) {
 // record's reserved node, while the pair has no secondary), sized as its primary.
 func (p *Placer) addReservations(ctx context.Context, byNode map[string][]placement.Member, primaryOf map[string]placement.Member, hasSecondary map[string]bool) error {
 	var leases coordinationv1.LeaseList
-	if err := p.Reader.List(ctx, &leases, client.MatchingLabels{ftv1.LabelManagedBy: ftv1.ManagedByValue}); err != nil {
+	if err := p.Reader.List(ctx, &leases, client.MatchingLabels{ftv1.LabelManagedBy: ftv1.ManagedByValue}, client.MatchingFields{indexRecordReserves: "true"}); err != nil {
 		return err
 	}
 	for i := range leases.Items {
