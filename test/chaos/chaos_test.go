@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -81,10 +80,7 @@ var _ = BeforeSuite(func() {
 	k8s, err = lc.Client(100, 200)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	Expect(k8s.Create(context.Background(), &nadv1.NetworkAttachmentDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: ns},
-		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
-	})).To(Succeed())
+	Expect(k8s.Create(context.Background(), localcluster.LoggingNetwork(ns))).To(Succeed())
 })
 
 var _ = AfterSuite(func() {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +21,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/test/ftevents"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
+	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
 const (
@@ -48,10 +48,7 @@ func nodeNames(n int) []string {
 func newNamespace() string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
 	Expect(k8s.Create(ctx(), ns)).To(Succeed())
-	Expect(k8s.Create(ctx(), &nadv1.NetworkAttachmentDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: ns.Name},
-		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
-	})).To(Succeed())
+	Expect(k8s.Create(ctx(), localcluster.LoggingNetwork(ns.Name))).To(Succeed())
 	DeferCleanup(func() {
 		Expect(k8s.DeleteAllOf(ctx(), &ftv1.FaultTolerantVM{}, client.InNamespace(ns.Name))).To(Succeed())
 		Eventually(func(g Gomega) {

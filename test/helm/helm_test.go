@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -52,10 +51,7 @@ var _ = BeforeSuite(func() {
 	c, err := lc.Client(0, 0)
 	Expect(err).NotTo(HaveOccurred())
 	k8s = c
-	Expect(k8s.Create(context.Background(), &nadv1.NetworkAttachmentDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: ns},
-		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
-	})).To(Succeed())
+	Expect(k8s.Create(context.Background(), localcluster.LoggingNetwork(ns))).To(Succeed())
 })
 
 var _ = AfterSuite(func() {

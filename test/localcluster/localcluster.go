@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -123,6 +125,15 @@ func (c *Cluster) Logs(lines int, files ...string) map[string]string {
 		tails[filepath.Base(p)] = string(out)
 	}
 	return tails
+}
+
+// LoggingNetwork is the logging network that the suites' FaultTolerantVMs name ("ft-logging"),
+// for namespace. The kwok nodes attach nothing: its CNI configuration need only be valid.
+func LoggingNetwork(namespace string) *nadv1.NetworkAttachmentDefinition {
+	return &nadv1.NetworkAttachmentDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "ft-logging", Namespace: namespace},
+		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"0.3.1","type":"macvlan","master":"eth1"}`},
+	}
 }
 
 // HostsDir is where the full stack keeps the cluster's hosts (hack/local-cluster.sh's HOSTS_DIR).
