@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -381,6 +382,77 @@ var _ = Describe("Crash points", func() {
 				"patch VirtualMachineInstance vm-3", // synchronized
 				status("FaultTolerantVM", "vm"),
 				status("FaultTolerantVMOperation", "test"), // Succeeded
+			},
+		})
+	})
+
+	It("a suspension of protection converges from a crash after any of its writes: the node reserved before the secondary stops", func() {
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(ns string, _ pairBefore) {
+				f := getFTVM(ns, "vm")
+				base := f.DeepCopy()
+				f.Spec.Protection = ftv1.ProtectionSuspended
+				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+			},
+			check: func(ns string, b pairBefore) {
+				Eventually(func(g Gomega) {
+					f := &ftv1.FaultTolerantVM{}
+					g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, f)).To(Succeed())
+					c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
+					g.Expect(c).NotTo(BeNil())
+					g.Expect(c.Reason).To(Equal(ftv1.ReasonProtectionSuspended))
+					g.Expect(f.Status.Primary.VMI).To(Equal(b.primary.VMI))
+					g.Expect(members(ns, "vm")).To(HaveLen(1))
+					lease := &coordinationv1.Lease{}
+					g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+					g.Expect(lease.Annotations).To(HaveKeyWithValue(ftv1.AnnotationReservedNode, b.secondary.Node))
+				}, timeout, interval).Should(Succeed())
+			},
+			rows: []string{
+				"update Lease ft-vm",                 // the secondary's node reserved in the record, first
+				"delete VirtualMachineInstance vm-2", // then the secondary stopped
+				status("FaultTolerantVM", "vm"),
+				// (disk copies are collected only while the pair is whole: vm-2-root waits for the resume)
+			},
+		})
+	})
+
+	It("a resumption of protection converges from a crash after any of its writes: the new secondary on the reserved node, the reservation released", func() {
+		runCrashPath(crashPath{
+			setup: func(ns string) pairBefore {
+				b := setupDiskPair(ns)
+				f := getFTVM(ns, "vm")
+				base := f.DeepCopy()
+				f.Spec.Protection = ftv1.ProtectionSuspended
+				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+				Eventually(func() []virtv1.VirtualMachineInstance { return members(ns, "vm") }, timeout, interval).Should(HaveLen(1))
+				return b
+			},
+			trigger: func(ns string, _ pairBefore) {
+				f := getFTVM(ns, "vm")
+				base := f.DeepCopy()
+				f.Spec.Protection = ftv1.ProtectionEnabled
+				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.primary.VMI, 0)
+				Eventually(func(g Gomega) {
+					f := getFTVM(ns, "vm")
+					g.Expect(f.Status.Secondary.Node).To(Equal(b.secondary.Node), "the reserved node")
+					lease := &coordinationv1.Lease{}
+					g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, lease)).To(Succeed())
+					g.Expect(lease.Annotations).NotTo(HaveKey(ftv1.AnnotationReservedNode))
+				}, timeout, interval).Should(Succeed())
+			},
+			rows: []string{
+				"create PersistentVolumeClaim vm-3-root", // a new secondary's copy
+				"create VirtualMachineInstance vm-3",     // on the reserved node
+				"delete PersistentVolumeClaim vm-2-root", // the pair is whole: the suspended secondary's copy goes
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-3", // synchronized
+				"update Lease ft-vm",                // the reservation released: the secondary holds its place
+				status("FaultTolerantVM", "vm"),
 			},
 		})
 	})
