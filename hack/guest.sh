@@ -1,11 +1,12 @@
 #!/bin/bash
 # Builds lockstep's test guest for the VM tier: Debian 12's kernel and a busybox initramfs whose
-# init serves a stateful counter over TCP (hack/guest/init, hack/guest/handler). Packages are
+# init serves a stateful counter over TCP (hack/guest/init, hack/guest/handler; the benchmark's
+# mail-like and bulk services are hack/guest/mail and hack/guest/bulk). Packages are
 # Debian's, pinned by version.
 #
 #   hack/guest.sh    -> prints the directory holding vmlinuz and initramfs.cpio.gz
 #
-# Cached under ~/.cache/lockstep/guest/<kernel>-<busybox>-<hash of init and handler>/ and linked at
+# Cached under ~/.cache/lockstep/guest/<kernel>-<busybox>-<hash of hack/guest>/ and linked at
 # bin/guest.
 set -euo pipefail
 
@@ -16,7 +17,7 @@ MODULES=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_p
   net_failover virtio_net virtio_blk mii 8139cp e1000)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/guest"
-hash="$(cat "$ROOT/hack/guest/init" "$ROOT/hack/guest/handler" | sha256sum | cut -c1-12)"
+hash="$(cd "$ROOT/hack/guest" && for f in *; do echo "$f"; cat "$f"; done | sha256sum | cut -c1-12)"
 OUT="$CACHE/$KERNEL_VERSION-${BUSYBOX_VERSION#*:}-$hash"
 
 if [ ! -f "$OUT/initramfs.cpio.gz" ]; then
@@ -35,8 +36,7 @@ if [ ! -f "$OUT/initramfs.cpio.gz" ]; then
   for m in "${MODULES[@]}"; do
     cp "$(find kernel/lib/modules -name "$m.ko" | head -n1)" rootfs/lib/modules/
   done
-  install -m 0755 "$ROOT/hack/guest/init" rootfs/init
-  install -m 0755 "$ROOT/hack/guest/handler" rootfs/handler
+  for f in "$ROOT"/hack/guest/*; do install -m 0755 "$f" "rootfs/$(basename "$f")"; done
   mkdir -p "$OUT.tmp"
   # busybox's own cpio: the host may have none.
   (cd rootfs && find . | ./bin/busybox cpio -o -H newc 2>/dev/null | gzip -9) >"$OUT.tmp/initramfs.cpio.gz"

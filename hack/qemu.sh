@@ -3,8 +3,9 @@
 # the .dsc's SHA-256) with its own patches, plus lockstep's three fixes for COLO under TCG
 # (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state (DESIGN.md
 # explains the deadlock), TCG's TLB reset after a dirty-bitmap sync (without it pages written
-# between checkpoints are missed and the secondary's guest diverges), and a flush of translated
-# code after the secondary's RAM is rewritten at a checkpoint. Only
+# between checkpoints are missed and the secondary's guest diverges), and, at a checkpoint, the
+# invalidation of exactly the translated code whose pages the secondary rewrote instead of all of
+# it (a full flush made the secondary too slow to ever match the primary's packets). Only
 # qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
 # (qemu-img for the active and hidden disks) are built.
 #

@@ -136,7 +136,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Primary {
 		a.startPrimary(ctx)
 	} else {
-		a.startSecondary()
+		a.startSecondary(ctx)
 	}
 	tick := time.NewTicker(max(a.cfg.Detect/8, time.Millisecond))
 	defer tick.Stop()
@@ -292,15 +292,22 @@ func (a *Agent) on(ctx context.Context, e failover.Event, why string) {
 // fence drops every held output, refuses new ones and stops the VM.
 func (a *Agent) fence(why string) {
 	a.mu.Lock()
+	protected := a.side.State == failover.Protected
 	if a.side.State != failover.Fenced {
 		a.side.State = failover.Fenced
 		a.since = time.Now()
 	}
 	a.fenceWhy = why
-	gates, stop, sec := a.gates, a.engineRun, a.sec
+	gates, stop, sec, out := a.gates, a.engineRun, a.sec, a.out
 	a.mu.Unlock()
 	for _, g := range gates {
 		g.Fence()
+	}
+	// With its outputs fenced, a protected primary tells its secondary that it resigned, so that
+	// the secondary claims the pair now rather than after its detection timeout. (A side that
+	// was claiming has a silent peer: there is no one to tell.)
+	if protected && out != nil && out.p.Resign(context.Background(), why) {
+		a.cfg.Log.Info("told the secondary that this side resigned")
 	}
 	if sec != nil {
 		sec.Close()

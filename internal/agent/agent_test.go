@@ -87,11 +87,13 @@ type pair struct {
 	ccfg       channel.Config
 	tlsA, tlsB channel.Config
 	ca         *pki.CA
+	// detect is the sides' detection timeout (default 120ms).
+	detect time.Duration
 }
 
 func newPair(t *testing.T) *pair {
 	ca := pki.New(t, "ca")
-	p := &pair{lease: &leasedouble.Lease{}, outs: &outputs{}, ca: ca}
+	p := &pair{lease: &leasedouble.Lease{}, outs: &outputs{}, ca: ca, detect: 120 * time.Millisecond}
 	p.ccfg = channel.Config{Pair: "ns/vm", Heartbeat: 5 * time.Millisecond, Timeout: 40 * time.Millisecond}
 	p.tlsA, p.tlsB = p.ccfg, p.ccfg
 	return p
@@ -115,7 +117,7 @@ func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config
 	}
 	s.agent = agent.New(agent.Config{
 		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
-		Detect: 120 * time.Millisecond, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
+		Detect: p.detect, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
 	}, engine, p.lease.Side(name), mux)
 	go func() { s.done <- s.agent.Run(ctx) }()
 	t.Cleanup(cancel)
@@ -290,6 +292,9 @@ func TestSideWhoseVMDiesFencesItselfAndTheSecondaryTakesOver(t *testing.T) {
 	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
 		return &dying{Counter: c, die: die}
 	}}
+	// The secondary would detect the silence only after a minute: it takes over within
+	// waitState's ten seconds because the fenced primary resigned (ftlog.Resign).
+	p.detect = time.Minute
 	p.protect(t)
 	close(die) // the primary's VM dies; its lockstepd lives on
 	waitState(t, p.a, failover.Fenced)

@@ -10,10 +10,22 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
 
-func (a *Agent) startSecondary() {
+func (a *Agent) startSecondary(ctx context.Context) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.sec = channel.NewSecondary(a.cfg.Channel, a.apply)
+	// A primary that resigned stopped running the VM: a synchronized secondary claims the pair
+	// at once, as it would after the detection timeout.
+	a.sec.OnResign = func(reason string) {
+		go a.post(ctx, func() {
+			a.mu.Lock()
+			ok := a.side.State == failover.Replicating && a.synced
+			a.mu.Unlock()
+			if ok {
+				a.on(ctx, failover.PeerSilent, "the primary resigned: "+reason)
+			}
+		})
+	}
 	a.mux.Register(a.cfg.Pair, a.sec)
 }
 

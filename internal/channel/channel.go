@@ -68,6 +68,10 @@ func (c Config) withDefaults() Config {
 // ErrHandshake is wrapped by errors of a peer that is not the expected one.
 var ErrHandshake = errors.New("channel handshake failed")
 
+// ErrResigned ends a connection on which the primary resigned (ftlog.Resign): it stopped running
+// the VM.
+var ErrResigned = errors.New("the primary resigned")
+
 // ServerTLS and ClientTLS force what lockstepd requires of TLS between nodes (the FT log and the
 // relayed COLO streams): TLS 1.3 and a certificate on both ends.
 func ServerTLS(c *tls.Config) *tls.Config {

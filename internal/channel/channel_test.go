@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -68,6 +69,7 @@ type pairUnderTest struct {
 	primary   *Primary
 	secondary *Secondary
 	listener  net.Listener
+	resigned  chan string // the reasons the secondary was given
 	mu        sync.Mutex
 	applied   []ftlog.Entry
 }
@@ -75,7 +77,7 @@ type pairUnderTest struct {
 func startPair(t *testing.T, ctx context.Context, cfg Config, via func(string) string) *pairUnderTest {
 	t.Helper()
 	ca := pki.New(t, "lockstep-ca")
-	p := &pairUnderTest{}
+	p := &pairUnderTest{resigned: make(chan string, 1)}
 	scfg, pcfg := cfg, cfg
 	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
 	p.secondary = NewSecondary(scfg, func(e ftlog.Entry) error {
@@ -84,6 +86,12 @@ func startPair(t *testing.T, ctx context.Context, cfg Config, via func(string) s
 		p.mu.Unlock()
 		return nil
 	})
+	p.secondary.OnResign = func(reason string) {
+		select {
+		case p.resigned <- reason:
+		default:
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -255,5 +263,42 @@ func TestTheSecondaryNoticesASilentPrimary(t *testing.T) {
 		t.Logf("primary silent for %v; noticed %v after it stopped (heartbeat %v, timeout %v)", d, time.Since(stopped), cfg.Heartbeat, cfg.Timeout)
 	case <-time.After(10 * time.Second):
 		t.Fatal("a stopped primary was never noticed")
+	}
+}
+
+// TestAPrimaryThatResignsTellsTheSecondary: Resign's frame reaches the secondary with its reason,
+// and the primary's log ends with it.
+func TestAPrimaryThatResignsTellsTheSecondary(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{Pair: "ns/db", Heartbeat: 20 * time.Millisecond, Timeout: time.Second}
+	p := startPair(t, ctx, cfg, func(a string) string { return a })
+	if _, err := p.primary.Append(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.primary.WaitAcked(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !p.primary.Resign(ctx, "the VM engine stopped: QEMU exited") {
+		t.Fatal("Resign says the secondary was not told, on a live connection")
+	}
+	select {
+	case why := <-p.resigned:
+		if why != "the VM engine stopped: QEMU exited" {
+			t.Fatalf("the secondary was told %q", why)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the secondary never heard that the primary resigned")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := p.primary.Append(ctx, []byte("y"))
+		if errors.Is(err, ErrResigned) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log goes on after the primary resigned: Append returned %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -37,6 +37,8 @@ type Primary struct {
 	lastHeard time.Time
 	stats     PrimaryStats
 	fatal     error
+	resign    *ftlog.Resign // set by Resign: the writer's last frame
+	resigned  chan struct{} // closed once the Resign frame was written
 }
 
 // PrimaryStats are the primary's counters.
@@ -62,8 +64,9 @@ func NewPrimary(cfg Config, addr string, epoch uint64) *Primary {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", addr)
 		},
-		changed: make(chan struct{}),
-		log:     ftlog.NewLog(cfg.Window),
+		changed:  make(chan struct{}),
+		resigned: make(chan struct{}),
+		log:      ftlog.NewLog(cfg.Window),
 	}
 }
 
@@ -172,7 +175,7 @@ func (p *Primary) Run(ctx context.Context) (err error) {
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		err := p.session(ctx)
-		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) {
+		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) || errors.Is(err, ErrResigned) {
 			p.mu.Lock()
 			p.fatal = err
 			p.mu.Unlock()
@@ -249,8 +252,15 @@ func (p *Primary) writeLoop(ctx context.Context, c *conn) error {
 	for {
 		p.mu.Lock()
 		batch := p.log.Next(p.cfg.MaxBatchEntries, p.cfg.MaxBatchBytes)
-		last, wait := p.log.Last(), p.changed
+		last, wait, resign := p.log.Last(), p.changed, p.resign
 		p.mu.Unlock()
+		if resign != nil {
+			if err := c.write(ftlog.Frame{Type: ftlog.FrameResign, Resign: resign}); err != nil {
+				return err
+			}
+			close(p.resigned)
+			return ErrResigned
+		}
 		if len(batch) > 0 {
 			if err := c.write(ftlog.Frame{Type: ftlog.FrameEntries, Entries: batch}); err != nil {
 				return err
@@ -269,6 +279,32 @@ func (p *Primary) writeLoop(ctx context.Context, c *conn) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Resign tells the secondary that this primary stopped running the VM, and why, so that it claims
+// the pair at once instead of after its detection timeout. It waits until the frame is written,
+// for at most the channel's timeout or until ctx ends, and the log ends with it. It reports
+// whether the secondary was told: without a connection it cannot be, and detects the silence.
+func (p *Primary) Resign(ctx context.Context, reason string) bool {
+	p.mu.Lock()
+	connected := p.connected
+	if p.resign == nil {
+		p.resign = &ftlog.Resign{Reason: reason}
+		p.notify()
+	}
+	p.mu.Unlock()
+	if !connected {
+		return false
+	}
+	t := time.NewTimer(p.cfg.Timeout)
+	defer t.Stop()
+	select {
+	case <-p.resigned:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // readLoop takes acknowledgements and heartbeats; silence beyond the timeout ends the connection.

@@ -19,6 +19,9 @@ type Secondary struct {
 	// Apply applies an entry to the replica VM; the entry is acknowledged once Apply returns nil.
 	// An error ends the connection (the entry is asked for again on the next one).
 	Apply func(ftlog.Entry) error
+	// OnResign, when set, is called with the reason when the primary resigns (ftlog.Resign): it
+	// stopped running the VM. It is called from the connection's reader and must not block.
+	OnResign func(reason string)
 
 	// applyMu serializes applying entries across connections: a connection being replaced may
 	// still be applying one when its successor asks where to resume.
@@ -242,6 +245,11 @@ func (s *Secondary) readLoop(c *conn, acks chan<- struct{}) error {
 		switch f.Type {
 		case ftlog.FrameHeartbeat:
 			continue
+		case ftlog.FrameResign:
+			if s.OnResign != nil {
+				s.OnResign(f.Resign.Reason)
+			}
+			return ErrResigned
 		case ftlog.FrameEntries:
 		default:
 			return fmt.Errorf("%w: unexpected %s from the primary", ftlog.ErrProtocol, f.Type)

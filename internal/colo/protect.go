@@ -28,7 +28,9 @@ func (e *Engine) goLive(ctx context.Context, q *qmp.Conn) error {
 			return fmt.Errorf("attach the VM's network: %w", err)
 		}
 	}
-	return q.Execute(ctx, "announce-self", map[string]any{"initial": 50, "max": 550, "rounds": 5, "step": 50}, nil)
+	// The first announcement goes out at once: it must reach the switches before the clients'
+	// first retransmission (200 ms at the earliest on Linux) to save them a second one.
+	return q.Execute(ctx, "announce-self", map[string]any{"initial": 1, "max": 550, "rounds": 5, "step": 50}, nil)
 }
 
 // protect resyncs the secondary's disk, then migrates the VM into COLO with it, and logs "ready"

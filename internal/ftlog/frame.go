@@ -13,8 +13,14 @@
 //	Entries    first u64 | count u32 | count x (sentUnixNano i64 | len u32 | data)
 //	Ack        seq u64 | echoUnixNano i64
 //	Heartbeat  sentUnixNano i64 | last u64
+//	Resign     reason (rest, UTF-8)
 //
 // A body is at most MaxFrameBody bytes. Sequence numbers start at 1; 0 means "none yet".
+//
+// Resign is the primary's last frame when it stops running the VM (its VM died, or it was
+// fenced): the secondary need not wait out the detection timeout before it claims the pair. A
+// peer that predates it ends the connection on the unknown type and detects the silence as
+// before, so it needs no new protocol version.
 package ftlog
 
 import (
@@ -33,6 +39,7 @@ const (
 	FrameEntries   FrameType = 2
 	FrameAck       FrameType = 3
 	FrameHeartbeat FrameType = 4
+	FrameResign    FrameType = 5
 )
 
 func (t FrameType) String() string {
@@ -45,6 +52,8 @@ func (t FrameType) String() string {
 		return "Ack"
 	case FrameHeartbeat:
 		return "Heartbeat"
+	case FrameResign:
+		return "Resign"
 	}
 	return fmt.Sprintf("FrameType(%d)", uint8(t))
 }
@@ -102,6 +111,11 @@ type Heartbeat struct {
 	Last         uint64
 }
 
+// Resign says the primary stopped running the VM, and why.
+type Resign struct {
+	Reason string
+}
+
 // Frame is one decoded frame: exactly one of its fields is set, as Type says.
 type Frame struct {
 	Type      FrameType
@@ -109,6 +123,7 @@ type Frame struct {
 	Entries   []Entry
 	Ack       *Ack
 	Heartbeat *Heartbeat
+	Resign    *Resign
 }
 
 // ErrFrame is wrapped by every decoding error of a malformed frame.
@@ -150,6 +165,8 @@ func AppendFrame(b []byte, f Frame) ([]byte, error) {
 	case FrameHeartbeat:
 		b = binary.BigEndian.AppendUint64(b, uint64(f.Heartbeat.SentUnixNano))
 		b = binary.BigEndian.AppendUint64(b, f.Heartbeat.Last)
+	case FrameResign:
+		b = append(b, f.Resign.Reason...)
 	default:
 		return nil, fmt.Errorf("unknown frame type %d", f.Type)
 	}
@@ -237,13 +254,15 @@ func DecodeBody(t FrameType, body []byte) (Frame, error) {
 		f.Ack = &Ack{Seq: d.u64(), EchoUnixNano: int64(d.u64())}
 	case FrameHeartbeat:
 		f.Heartbeat = &Heartbeat{SentUnixNano: int64(d.u64()), Last: d.u64()}
+	case FrameResign:
+		f.Resign = &Resign{Reason: string(d.rest())}
 	default:
 		return Frame{}, frameErr("unknown frame type %d", t)
 	}
 	if d.err != nil {
 		return Frame{}, d.err
 	}
-	if len(d.b) != 0 && t != FrameHello {
+	if len(d.b) != 0 {
 		return Frame{}, frameErr("%d trailing bytes in %s", len(d.b), t)
 	}
 	return f, nil

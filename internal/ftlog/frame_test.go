@@ -28,6 +28,8 @@ func TestFramesRoundTrip(t *testing.T) {
 		{Type: FrameEntries, Entries: []Entry{{Seq: 5, SentUnixNano: 1, Data: []byte("a")}, {Seq: 6, SentUnixNano: -2, Data: []byte{}}, {Seq: 7, Data: bytes.Repeat([]byte{9}, 1000)}}},
 		{Type: FrameAck, Ack: &Ack{Seq: 1 << 40, EchoUnixNano: 123}},
 		{Type: FrameHeartbeat, Heartbeat: &Heartbeat{SentUnixNano: 99, Last: 3}},
+		{Type: FrameResign, Resign: &Resign{Reason: "the VM engine stopped: QEMU exited"}},
+		{Type: FrameResign, Resign: &Resign{}},
 	} {
 		got := roundTrip(t, f)
 		if f.Type == FrameEntries { // nil and empty data are the same on the wire
@@ -87,6 +89,7 @@ func FuzzReadFrame(f *testing.F) {
 		{Type: FrameEntries, Entries: []Entry{{Seq: 1, SentUnixNano: 5, Data: []byte("hello")}, {Seq: 2}}},
 		{Type: FrameAck, Ack: &Ack{Seq: 2, EchoUnixNano: 5}},
 		{Type: FrameHeartbeat, Heartbeat: &Heartbeat{SentUnixNano: 1, Last: 2}},
+		{Type: FrameResign, Resign: &Resign{Reason: "fenced"}},
 	} {
 		b, _ := AppendFrame(nil, fr)
 		f.Add(b)

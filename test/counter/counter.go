@@ -32,14 +32,27 @@ var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
 
 // Ask sends one request to the counter at addr (ip:port) from inside network namespace ns.
 func Ask(ctx context.Context, ns, addr string) (Reply, error) {
+	return AskDialing(ctx, ns, addr, 0)
+}
+
+// AskDialing is Ask by a client that gives each connection attempt at most dialTimeout (0: up to
+// the request's 5 s, through the kernel's own SYN retransmissions, the first of which comes a
+// second after the SYN). A client that expects a failover retries sooner than that.
+func AskDialing(ctx context.Context, ns, addr string, dialTimeout time.Duration) (Reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	dctx := ctx
+	if dialTimeout > 0 {
+		var cancelDial context.CancelFunc
+		dctx, cancelDial = context.WithTimeout(ctx, dialTimeout)
+		defer cancelDial()
+	}
 	var c net.Conn
 	var err error
 	if ns == "" {
-		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		c, err = (&net.Dialer{}).DialContext(dctx, "tcp", addr)
 	} else {
-		c, err = testnet.DialContext(ctx, ns, "tcp", addr)
+		c, err = testnet.DialContext(dctx, ns, "tcp", addr)
 	}
 	if err != nil {
 		return Reply{}, err

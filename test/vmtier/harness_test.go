@@ -28,6 +28,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lockstepd/coloengine"
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/counter"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/virtlauncher"
@@ -77,6 +78,9 @@ type cluster struct {
 	mu            sync.Mutex
 	checkpoints   []colo.Checkpoint
 	memberCounter int
+	attachedAt    time.Time // when the VM's network last moved to a node
+	// trace: QEMU trace patterns every member runs with (besides VMTIER_TRACE's).
+	trace []string
 }
 
 // node is a node namespace with its lockstepd's Node (internal/lockstepd): the FT log and stream
@@ -103,6 +107,7 @@ type member struct {
 	agent    *agent.Agent
 	vm       colo.VM
 	dir      string
+	qemuLog  string                 // the QEMU's output (and its trace events)
 	qemu     *exec.Cmd              // the QEMU process when the test launched it directly
 	pid      int                    // the QEMU's pid, however launched
 	lv       *virtlauncher.Libvirtd // the member's libvirt daemon, when launched through libvirt
@@ -251,6 +256,9 @@ func dialFrom(n *node) func(ctx context.Context, addr string) (net.Conn, error) 
 
 // attach moves the VM's network to node n: its switch port up, every other one down.
 func (c *cluster) attach(n *node) {
+	c.mu.Lock()
+	c.attachedAt = time.Now()
+	c.mu.Unlock()
 	for _, o := range c.nodes {
 		state := "down"
 		if o == n {
@@ -321,11 +329,22 @@ func (c *cluster) launchDirect(m *member) {
 	if m.spec.Primary {
 		args = colo.PrimaryArgs(m.vm, file("disk.qcow2"))
 	}
-	// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to qemu.log.
-	for _, pat := range strings.Fields(os.Getenv("VMTIER_TRACE")) {
+	// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to the QEMU's log.
+	for _, pat := range append(strings.Fields(os.Getenv("VMTIER_TRACE")), c.trace...) {
 		args = append(args, "-trace", pat)
 	}
-	logf, err := os.Create(file("qemu.log"))
+	// VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap. On a secondary the dump sits
+	// after the COLO filters: it sees what the guest sends and what reaches it; on a primary it
+	// sits before them: what the tap brings in and what colo-compare released.
+	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
+		args = append(args, "-object", "filter-dump,id=pcap0,netdev=hn0,file="+filepath.Join(dir, m.name+".pcap"))
+	}
+	logPath := file("qemu.log")
+	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
+		logPath = filepath.Join(dir, m.name+".log") // kept beside the capture
+	}
+	m.qemuLog = logPath
+	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +435,7 @@ func (c *cluster) dump() {
 		links, _ := exec.Command("ip", "-n", m.node.ns, "-s", "link", "show", "tap0").CombinedOutput()
 		c.t.Logf("%s tap0: %s", m.name, links)
 		console, _ := os.ReadFile(m.vm.Serial)
-		qlog, _ := os.ReadFile(filepath.Join(m.dir, "qemu.log"))
+		qlog, _ := os.ReadFile(m.qemuLog)
 		c.t.Logf("%s console:\n%s\n%s QEMU:\n%s", m.name, tail(console), m.name, qlog)
 	}
 }
@@ -433,6 +452,9 @@ type client struct {
 	c    *cluster
 	last int
 	boot string
+	// dialTimeout bounds each connection attempt (counter.AskDialing; 0: the kernel's SYN
+	// retransmissions).
+	dialTimeout time.Duration
 }
 
 // next asks until the VM answers (within limit) and checks that the count is the next one,
@@ -442,7 +464,8 @@ func (cl *client) next(what string, limit time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		count, id, disk, err := ask(cl.c.client, cl.c.vmAddr+":7777")
+		r, err := counter.AskDialing(context.Background(), cl.c.client, cl.c.vmAddr+":7777", cl.dialTimeout)
+		count, id, disk := r.Count, r.BootID, r.Disk
 		if err == nil {
 			at := time.Now()
 			if cl.boot == "" {
