@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Builds the QEMU that the VM tier runs: Debian 12's QEMU source package (pinned, checked against
-# the .dsc's SHA-256) with its own patches, plus lockstep's three fixes for COLO under TCG
-# (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state (DESIGN.md
-# explains the deadlock), TCG's TLB reset after a dirty-bitmap sync (without it pages written
-# between checkpoints are missed and the secondary's guest diverges), and, at a checkpoint, the
-# invalidation of exactly the translated code whose pages the secondary rewrote instead of all of
-# it (a full flush made the secondary too slow to ever match the primary's packets). Only
-# qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools
-# (qemu-img for the active and hidden disks) are built.
+# Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's two fixes for
+# COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state (without
+# it the primary deadlocks at its first checkpoint under TCG), and, on the secondary, the
+# invalidation of the translated code whose pages a checkpoint rewrote (without it the secondary
+# can run code that is no longer in memory). Only qemu-system-x86_64 (with what COLO needs:
+# replication, quorum, NBD, tap) and the tools (qemu-img for the active and hidden disks) are
+# built.
 #
 #   hack/qemu.sh                      -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
 #   hack/qemu.sh --source DIR         -> only fetches, checks and patches the source into DIR
@@ -15,12 +14,16 @@
 # (the last two are for builds elsewhere: hack/virt-launcher/Dockerfile).
 #
 # The build is cached under ~/.cache/lockstep/qemu/<version>-<patch hash>/ and linked at
-# bin/qemu; a rerun is instant. A cold build took 13 minutes on 2 cores here. Build
-# dependencies come from Debian's packages (apt-get) when they are missing.
+# bin/qemu; a rerun is instant. Build dependencies come from Debian's packages (apt-get) when they
+# are missing.
 set -euo pipefail
 
-QEMU_DEB_VERSION="${QEMU_DEB_VERSION:-7.2+dfsg-7+deb12u18}"
-QEMU_DSC_SHA256="${QEMU_DSC_SHA256:-6b6bd27b947ec89e40a1d6b26d9c9f3c698ca691da13163e0483f6061bbb20b3}"
+QEMU_DEB_VERSION="${QEMU_DEB_VERSION:-10.2.2+ds-1}"
+QEMU_DSC_SHA256="${QEMU_DSC_SHA256:-f1684b3aa5ec500c3389d346c6501dee45041ea91656c6556d4da9023b7987dd}"
+# QEMU 10 builds with meson 1.5 or newer (Debian 12 has 1.0). Debian's source package leaves out
+# the meson wheel that QEMU's own tarball carries; the one QEMU pins comes from PyPI, checked.
+MESON_VERSION="1.9.0"
+MESON_WHEEL_SHA256="45e51ddc41e37d961582d06e78c48e0f9039011587f3495c4d6b0781dad92357"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/qemu"
@@ -29,7 +32,7 @@ PATCHES=("$ROOT"/hack/qemu/*.patch)
 CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enable-tools
   --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-vnc --disable-opengl
   --disable-spice --disable-curl --disable-libusb --disable-usb-redir --disable-xen
-  --disable-capstone --disable-slirp --disable-guest-agent)
+  --disable-capstone --disable-slirp --disable-guest-agent --disable-rust --disable-install-blobs)
 # The cache key covers the version, the patch and the configuration.
 ID="$QEMU_DEB_VERSION-$( (cat "${PATCHES[@]}"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
 PREFIX="$CACHE/$ID"
@@ -49,6 +52,9 @@ fetch_source() {
   done
   dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
   for p in "${PATCHES[@]}"; do (cd src && patch -p1 <"$p" >&2); done
+  mkdir -p src/python/wheels
+  python3 -m pip download --quiet --no-deps --only-binary=:all: "meson==$MESON_VERSION" -d src/python/wheels >&2
+  echo "$MESON_WHEEL_SHA256  src/python/wheels/meson-$MESON_VERSION-py3-none-any.whl" | sha256sum -c --quiet - >&2
 }
 
 case "${1:-}" in
@@ -57,7 +63,7 @@ case "${1:-}" in
 esac
 
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
-  deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev meson ninja-build pkg-config python3 dpkg-dev xz-utils curl)
+  deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev ninja-build pkg-config python3 python3-venv flex bison dpkg-dev xz-utils curl)
   missing=()
   for d in "${deps[@]}"; do dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q 'install ok installed' || missing+=("$d"); done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -80,10 +86,13 @@ fi
 # ROMs of qemu-system-data such as linuxboot_dma.bin for -kernel). Run QEMU with
 # -L $PREFIX/firmware/qemu -L $PREFIX/firmware/seabios.
 SEABIOS_VERSION="${SEABIOS_VERSION:-1.16.2-1}"
+# The option ROMs come from Debian 12's qemu-system-data: the firmware interface they use
+# (fw_cfg) is stable, and Debian 12's apt reaches no newer one.
+QEMU_DATA_VERSION="${QEMU_DATA_VERSION:-1:7.2+dfsg-7+deb12u18}"
 if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
   fw="$(mktemp -d)"
   chmod 777 "$fw"
-  (cd "$fw" && apt-get download "seabios=$SEABIOS_VERSION" "qemu-system-data=1:$QEMU_DEB_VERSION" >&2)
+  (cd "$fw" && apt-get download "seabios=$SEABIOS_VERSION" "qemu-system-data=$QEMU_DATA_VERSION" >&2)
   for deb in "$fw"/*.deb; do dpkg-deb -x "$deb" "$fw/x"; done
   mkdir -p "$PREFIX/firmware"
   rm -rf "$PREFIX/firmware/seabios" "$PREFIX/firmware/qemu"

@@ -343,6 +343,11 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	LogBandwidth *resource.Quantity `json:"logBandwidth,omitempty"`
 
+	// checkpoints is what the COLO engine's checkpoints cost the VM, as the primary's lockstepd
+	// measures them (absent for an engine without checkpoints).
+	// +optional
+	Checkpoints *CheckpointStatus `json:"checkpoints,omitempty"`
+
 	// reservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
 	// each member's node, in Mbit/s.
 	// +optional
@@ -364,6 +369,27 @@ type FaultTolerantVMStatus struct {
 	// lastFailoverTime is when the last secondary was promoted.
 	// +optional
 	LastFailoverTime *metav1.Time `json:"lastFailoverTime,omitempty"`
+}
+
+// CheckpointStatus is what the COLO engine's checkpoints cost the VM. A checkpoint is due every
+// checkpoint period; colo-compare forces one sooner when the secondary's packets differ from the
+// primary's or come later than the compare timeout. A VM whose checkpoints are mostly forced
+// has its replies held until a checkpoint instead of released on a match: they are slow.
+type CheckpointStatus struct {
+	// pauseMilliseconds is how long the primary's VM stands still for a checkpoint (a moving
+	// average), in milliseconds.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	PauseMilliseconds *int32 `json:"pauseMilliseconds,omitempty"`
+
+	// perSecond is how many checkpoints a second the pair took since lockstepd's last report.
+	// +optional
+	PerSecond *resource.Quantity `json:"perSecond,omitempty"`
+
+	// forcedPerSecond is how many of them a second colo-compare forced before the periodic one
+	// was due (a mismatch or a compare timeout; QEMU does not say which).
+	// +optional
+	ForcedPerSecond *resource.Quantity `json:"forcedPerSecond,omitempty"`
 }
 
 // FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM

@@ -37,6 +37,10 @@ type Status struct {
 	Held              int
 	Failovers         int
 	Message           string
+	// Checkpoints and ForcedCheckpoints count an engine's checkpoints over the side's life
+	// (engine.StreamStats); CheckpointPause is how long the VM stands still for one.
+	Checkpoints, ForcedCheckpoints uint64
+	CheckpointPause                time.Duration
 }
 
 // Status returns the agent's snapshot.
@@ -79,6 +83,7 @@ func (a *Agent) Status() Status {
 		if streams.Interval > 0 {
 			st.Interval = streams.Interval
 		}
+		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 	}
 	return st
 }

@@ -28,17 +28,18 @@ type Primary struct {
 	// Pacer, when set, slows Append while the secondary trails (paper 1.3).
 	Pacer *ftlog.Pacer
 
-	mu        sync.Mutex
-	changed   chan struct{} // closed and replaced on every change of the log
-	log       *ftlog.Log
-	interval  ftlog.Interval
-	connected bool
-	delivered uint64 // the last acknowledgement OnAck has returned from
-	lastHeard time.Time
-	stats     PrimaryStats
-	fatal     error
-	resign    *ftlog.Resign // set by Resign: the writer's last frame
-	resigned  chan struct{} // closed once the Resign frame was written
+	mu         sync.Mutex
+	changed    chan struct{} // closed and replaced on every change of the log
+	log        *ftlog.Log
+	interval   ftlog.Interval
+	connected  bool
+	delivered  uint64 // the last acknowledgement OnAck has returned from
+	lastHeard  time.Time
+	stats      PrimaryStats
+	fatal      error
+	resign     *ftlog.Resign // set by Resign: the writer's last frame
+	resigned   chan struct{} // closed once the Resign frame was written
+	sentResign bool          // the Resign frame was written: no session may start again
 }
 
 // PrimaryStats are the primary's counters.
@@ -175,6 +176,11 @@ func (p *Primary) Run(ctx context.Context) (err error) {
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		err := p.session(ctx)
+		p.mu.Lock()
+		if p.sentResign {
+			err = ErrResigned // whichever of the session's loops ended it first
+		}
+		p.mu.Unlock()
 		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) || errors.Is(err, ErrResigned) {
 			p.mu.Lock()
 			p.fatal = err
@@ -258,6 +264,9 @@ func (p *Primary) writeLoop(ctx context.Context, c *conn) error {
 			if err := c.write(ftlog.Frame{Type: ftlog.FrameResign, Resign: resign}); err != nil {
 				return err
 			}
+			p.mu.Lock()
+			p.sentResign = true
+			p.mu.Unlock()
 			close(p.resigned)
 			return ErrResigned
 		}

@@ -34,6 +34,15 @@ type Checkpoint struct {
 	At        time.Time
 }
 
+// Forced says whether colo-compare asked for checkpoint cp before the periodic one was due every
+// period (x-checkpoint-delay): the two sides' packets differed, or the secondary's came later
+// than the compare timeout. QEMU says neither which nor why, so a checkpoint that follows the
+// previous one by less than nine tenths of the period counts as forced (QEMU's timer runs from
+// a little before the previous checkpoint ended). The first checkpoint counts as periodic.
+func Forced(cp Checkpoint, period time.Duration) bool {
+	return cp.Interval > 0 && period > 0 && cp.Interval < period*9/10
+}
+
 // Checkpoints reads the messages the secondary sends back on the migration stream (COLO's return
 // path, which carries nothing else) and times the checkpoints. It is fed the bytes in order, in
 // pieces of any size.

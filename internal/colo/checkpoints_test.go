@@ -64,3 +64,25 @@ func TestCheckpointsReportsAStrangeStream(t *testing.T) {
 		t.Fatal(c.Err())
 	}
 }
+
+func TestForcedCheckpoints(t *testing.T) {
+	period := 2 * time.Second
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		want     bool
+	}{
+		{"the first checkpoint", 0, false},
+		{"due on the period", 2*time.Second + 20*time.Millisecond, false},
+		{"a little early: the pause differs", 1850 * time.Millisecond, false},
+		{"asked for by colo-compare", 300 * time.Millisecond, true},
+		{"just under nine tenths", 1799 * time.Millisecond, true},
+	} {
+		if got := Forced(Checkpoint{Interval: tc.interval}, period); got != tc.want {
+			t.Errorf("%s: Forced = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if Forced(Checkpoint{Interval: time.Millisecond}, 0) {
+		t.Error("without a period no checkpoint counts as forced")
+	}
+}

@@ -78,6 +78,9 @@ type Engine struct {
 	streams      *pairing
 	bytesDone    uint64
 	interval     time.Duration // moving average of the checkpoint intervals
+	pause        time.Duration // moving average of the checkpoint pauses
+	checkpoints  uint64        // over the engine's life
+	forced       uint64        // checkpoints colo-compare asked for before the periodic one
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -188,7 +191,7 @@ func (e *Engine) GateInterface() string { return "" }
 func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval}
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval, Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {
 			st.Bytes += c.Sent()

@@ -105,8 +105,8 @@ func SecondaryDiskArgs(parent, format, active, hidden string) []string {
 // step after a failover.
 func SecondaryNetArgs(s Sockets, netdev string) []string {
 	return []string{
-		"-chardev", "socket,id=red0,path=" + s.Path(StreamMirror) + ",reconnect=1",
-		"-chardev", "socket,id=red1,path=" + s.Path(StreamCompare) + ",reconnect=1",
+		"-chardev", "socket,id=red0,path=" + s.Path(StreamMirror) + ",reconnect-ms=1000",
+		"-chardev", "socket,id=red1,path=" + s.Path(StreamCompare) + ",reconnect-ms=1000",
 		"-object", "filter-redirector,id=f1,netdev=" + netdev + ",queue=tx,indev=red0",
 		"-object", "filter-redirector,id=f2,netdev=" + netdev + ",queue=rx,outdev=red1",
 		"-object", "filter-rewriter,id=rew0,netdev=" + netdev + ",queue=all",

@@ -143,6 +143,15 @@ func (e *Engine) checkpoint(cp Checkpoint) {
 			e.interval += (cp.Interval - e.interval) / 8
 		}
 	}
+	if e.pause == 0 {
+		e.pause = cp.Pause
+	} else {
+		e.pause += (cp.Pause - e.pause) / 8
+	}
+	e.checkpoints++
+	if Forced(cp, e.cfg.Checkpoint) {
+		e.forced++
+	}
 	e.mu.Unlock()
 	if e.cfg.OnCheckpoint != nil {
 		e.cfg.OnCheckpoint(cp)

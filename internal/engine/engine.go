@@ -100,6 +100,11 @@ type StreamStats struct {
 	Bytes uint64
 	// Interval is how far the secondary trails: the mean time between checkpoints (zero: none).
 	Interval time.Duration
+	// Checkpoints counts the engine's checkpoints over the side's life, and Forced those that
+	// came before the periodic one was due (the engine's comparison of the two sides' outputs
+	// asked for them); Pause is how long the VM stands still for one (a moving average).
+	Checkpoints, Forced uint64
+	Pause               time.Duration
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -390,6 +391,9 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 			rate := float64(st.BytesLogged-m.bytes) / now.Sub(m.reportedAt).Seconds()
 			status["logBandwidth"] = resource.NewQuantity(int64(rate), resource.DecimalSI)
 		}
+		if cps := checkpointStatus(st, prev, now.Sub(m.reportedAt), !m.reportedAt.IsZero()); cps != nil {
+			status["checkpoints"] = cps
+		}
 	} else {
 		status["replication"] = map[string]any{"secondary": side}
 	}
@@ -418,4 +422,22 @@ func (d *Daemon) Statuses() []agent.Status {
 		out = append(out, m.Agent.Status())
 	}
 	return out
+}
+
+// checkpointStatus is the status's checkpoints of a side that runs the VM, from its status now and
+// at the last report, elapsed ago (rates only when there was one); nil for an engine without
+// checkpoints.
+func checkpointStatus(st, prev agent.Status, elapsed time.Duration, hadReport bool) *ftv1.CheckpointStatus {
+	if st.Checkpoints == 0 {
+		return nil
+	}
+	cps := &ftv1.CheckpointStatus{PauseMilliseconds: ptr.To(int32(st.CheckpointPause.Milliseconds()))}
+	if hadReport && elapsed > 0 && st.Checkpoints >= prev.Checkpoints && st.ForcedCheckpoints >= prev.ForcedCheckpoints {
+		perSecond := func(n uint64) *resource.Quantity {
+			return resource.NewMilliQuantity(int64(float64(n)*1000/elapsed.Seconds()), resource.DecimalSI)
+		}
+		cps.PerSecond = perSecond(st.Checkpoints - prev.Checkpoints)
+		cps.ForcedPerSecond = perSecond(st.ForcedCheckpoints - prev.ForcedCheckpoints)
+	}
+	return cps
 }

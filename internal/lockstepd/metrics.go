@@ -12,21 +12,23 @@ import (
 type collector struct{ d *Daemon }
 
 var (
-	metricLabels = []string{"pair", "vmi"}
-	descState    = prometheus.NewDesc("lockstepd_side_state", "1 for the state a side of a pair is in (Protected, Replicating, Claiming, Alone, Fenced), 0 for the others.", append(metricLabels, "state"), nil)
-	descInterval = prometheus.NewDesc("lockstepd_vlockstep_interval_seconds", "How far the secondary trails the primary (moving average), measured on the primary.", metricLabels, nil)
-	descBytes    = prometheus.NewDesc("lockstepd_log_bytes_total", "FT log entry bytes sent by the primary.", metricLabels, nil)
-	descHeld     = prometheus.NewDesc("lockstepd_held_outputs", "Outputs waiting for the secondary's acknowledgement.", metricLabels, nil)
-	descConn     = prometheus.NewDesc("lockstepd_connected", "1 while the side's FT log connection is up.", metricLabels, nil)
-	descSilence  = prometheus.NewDesc("lockstepd_peer_last_heard_timestamp_seconds", "When the peer was last heard.", metricLabels, nil)
-	descFailover = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
-	descEpoch    = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
-	descPace     = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
-	descRefused  = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
+	metricLabels    = []string{"pair", "vmi"}
+	descState       = prometheus.NewDesc("lockstepd_side_state", "1 for the state a side of a pair is in (Protected, Replicating, Claiming, Alone, Fenced), 0 for the others.", append(metricLabels, "state"), nil)
+	descInterval    = prometheus.NewDesc("lockstepd_vlockstep_interval_seconds", "How far the secondary trails the primary (moving average), measured on the primary.", metricLabels, nil)
+	descBytes       = prometheus.NewDesc("lockstepd_log_bytes_total", "FT log entry bytes sent by the primary.", metricLabels, nil)
+	descHeld        = prometheus.NewDesc("lockstepd_held_outputs", "Outputs waiting for the secondary's acknowledgement.", metricLabels, nil)
+	descConn        = prometheus.NewDesc("lockstepd_connected", "1 while the side's FT log connection is up.", metricLabels, nil)
+	descSilence     = prometheus.NewDesc("lockstepd_peer_last_heard_timestamp_seconds", "When the peer was last heard.", metricLabels, nil)
+	descFailover    = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
+	descEpoch       = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
+	descPace        = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
+	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period) or forced (COLO's comparison of the two sides' packets asked for it: a mismatch or a compare timeout). Mostly forced checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
+	descPause       = prometheus.NewDesc("lockstepd_checkpoint_pause_seconds", "How long the primary's VM stands still for a checkpoint (moving average).", metricLabels, nil)
+	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descRefused} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descRefused} {
 		ch <- d
 	}
 }
@@ -56,6 +58,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descFailover, prometheus.CounterValue, float64(st.Failovers), l...)
 		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(st.Epoch), l...)
 		ch <- prometheus.MustNewConstMetric(descPace, prometheus.GaugeValue, st.PaceDelay.Seconds(), l...)
+		if st.Checkpoints > 0 {
+			ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(st.Checkpoints-st.ForcedCheckpoints), append(l, "periodic")...)
+			ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(st.ForcedCheckpoints), append(l, "forced")...)
+			ch <- prometheus.MustNewConstMetric(descPause, prometheus.GaugeValue, st.CheckpointPause.Seconds(), l...)
+		}
 	}
 }
 

@@ -54,6 +54,9 @@ func Domain(s DomainSpec) *libvirtxml.Domain {
 		VCPU:   &libvirtxml.DomainVCPU{Value: 1},
 		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "pc", Type: "hvm"},
 			Kernel: s.VM.Kernel, Initrd: s.VM.Initrd, Cmdline: s.VM.Append},
+		// ACPI, as KubeVirt's domains have it by default (and as QEMU runs without a libvirt: a
+		// libvirt that finds no <acpi/> passes -no-acpi, which QEMU 9.2 and later refuse).
+		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}},
 		CPU:        &libvirtxml.DomainCPU{Mode: "custom", Match: "exact", Check: "none", Model: &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}},
 		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
 		Devices: &libvirtxml.DomainDeviceList{

@@ -139,10 +139,16 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	for _, n := range c.nodes[:2] {
 		ip(t, "-n", n.ns, "link", "set", "host0", "up")
 	}
-	waitAPI(t, c, "lockstepd reports the checkpoint interval", time.Minute, func() bool {
-		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm) == nil && ftvm.Status.VLockstepInterval != nil && ftvm.Status.VLockstepInterval.Duration > 0
+	waitAPI(t, c, "lockstepd reports the checkpoint interval, pause and rate", time.Minute, func() bool {
+		if k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "vm"}, &ftvm) != nil {
+			return false
+		}
+		cps := ftvm.Status.Checkpoints
+		return ftvm.Status.VLockstepInterval != nil && ftvm.Status.VLockstepInterval.Duration > 0 &&
+			cps != nil && cps.PauseMilliseconds != nil && *cps.PauseMilliseconds > 0 && cps.PerSecond != nil && cps.PerSecond.MilliValue() > 0 && cps.ForcedPerSecond != nil
 	})
-	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v", ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth)
+	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v, checkpoints %s a second (%s forced), pause %d ms",
+		ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth, ftvm.Status.Checkpoints.PerSecond, ftvm.Status.Checkpoints.ForcedPerSecond, *ftvm.Status.Checkpoints.PauseMilliseconds)
 
 	// Cut the logging interface of the secondary's node, the node's own network up: the pair
 	// notices (its traffic does not move to host0), one side goes on and the other is fenced.
