@@ -390,10 +390,7 @@ var _ = Describe("Crash points", func() {
 		runCrashPath(crashPath{
 			setup: setupDiskPair,
 			trigger: func(ns string, _ pairBefore) {
-				f := getFTVM(ns, "vm")
-				base := f.DeepCopy()
-				f.Spec.Protection = ftv1.ProtectionSuspended
-				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+				setProtection(ns, "vm", ftv1.ProtectionSuspended)
 			},
 			check: func(ns string, b pairBefore) {
 				Eventually(func(g Gomega) {
@@ -422,18 +419,12 @@ var _ = Describe("Crash points", func() {
 		runCrashPath(crashPath{
 			setup: func(ns string) pairBefore {
 				b := setupDiskPair(ns)
-				f := getFTVM(ns, "vm")
-				base := f.DeepCopy()
-				f.Spec.Protection = ftv1.ProtectionSuspended
-				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+				setProtection(ns, "vm", ftv1.ProtectionSuspended)
 				Eventually(func() []virtv1.VirtualMachineInstance { return members(ns, "vm") }, timeout, interval).Should(HaveLen(1))
 				return b
 			},
 			trigger: func(ns string, _ pairBefore) {
-				f := getFTVM(ns, "vm")
-				base := f.DeepCopy()
-				f.Spec.Protection = ftv1.ProtectionEnabled
-				Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+				setProtection(ns, "vm", ftv1.ProtectionEnabled)
 			},
 			check: func(ns string, b pairBefore) {
 				expectWholePair(ns, b.primary.VMI, 0)

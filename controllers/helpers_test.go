@@ -191,6 +191,14 @@ func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
 	}
 }
 
+// setProtection patches the FaultTolerantVM's spec.protection.
+func setProtection(ns, name string, p ftv1.Protection) {
+	f := getFTVM(ns, name)
+	base := f.DeepCopy()
+	f.Spec.Protection = p
+	Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+}
+
 func getFTVM(ns, name string) *ftv1.FaultTolerantVM {
 	ftvm := &ftv1.FaultTolerantVM{}
 	Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, ftvm)).To(Succeed())

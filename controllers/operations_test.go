@@ -33,12 +33,6 @@ var _ = Describe("Day-2 operations", func() {
 		deleteAllNodes()
 	})
 
-	setProtection := func(p ftv1.Protection) {
-		f := getFTVM(ns, "vm")
-		base := f.DeepCopy()
-		f.Spec.Protection = p
-		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
-	}
 	record := func() *coordinationv1.Lease {
 		l := &coordinationv1.Lease{}
 		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, l)).To(Succeed())
@@ -47,7 +41,7 @@ var _ = Describe("Day-2 operations", func() {
 
 	Context("spec.protection", func() {
 		It("Suspended stops the secondary, keeps its node reserved, and Enabled protects the VM there again", func() {
-			setProtection(ftv1.ProtectionSuspended)
+			setProtection(ns, "vm", ftv1.ProtectionSuspended)
 			Eventually(isGone(ns, before.Status.Secondary.VMI), timeout, interval).Should(BeTrue())
 			got := waitFor(ns, "vm", "unprotected by choice", func(f *ftv1.FaultTolerantVM) bool {
 				c := condition(f, ftv1.ConditionProtected)
@@ -80,7 +74,7 @@ var _ = Describe("Day-2 operations", func() {
 			Consistently(func() []string { return nodesOf(ns, "other") }, "2s", interval).ShouldNot(ContainElement(reserved))
 
 			By("resuming: the secondary returns to its reserved node, and the reservation ends")
-			setProtection(ftv1.ProtectionEnabled)
+			setProtection(ns, "vm", ftv1.ProtectionEnabled)
 			after := waitFor(ns, "vm", "protected again", func(f *ftv1.FaultTolerantVM) bool {
 				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil
 			})
@@ -91,7 +85,7 @@ var _ = Describe("Day-2 operations", func() {
 		})
 
 		It("Disabled stops the secondary and reserves nothing; Enabled protects the VM again", func() {
-			setProtection(ftv1.ProtectionDisabled)
+			setProtection(ns, "vm", ftv1.ProtectionDisabled)
 			got := waitFor(ns, "vm", "protection off", func(f *ftv1.FaultTolerantVM) bool {
 				c := condition(f, ftv1.ConditionProtected)
 				return f.Status.Secondary == nil && c != nil && c.Reason == ftv1.ReasonProtectionDisabled
@@ -100,7 +94,7 @@ var _ = Describe("Day-2 operations", func() {
 			Expect(record().Annotations).NotTo(HaveKey(ftv1.AnnotationReservedNode))
 			Consistently(func() int { return len(members(ns, "vm")) }, "2s", interval).Should(Equal(1))
 
-			setProtection(ftv1.ProtectionEnabled)
+			setProtection(ns, "vm", ftv1.ProtectionEnabled)
 			after := waitForState(ns, "vm", ftv1.StateProtected)
 			Expect(after.Status.Primary.VMI).To(Equal(before.Status.Primary.VMI))
 			Expect(after.Status.Secondary.UID).NotTo(Equal(before.Status.Secondary.UID), "a new secondary (its name may be used again)")
@@ -163,7 +157,7 @@ var _ = Describe("Day-2 operations", func() {
 		})
 
 		It("runs one operation at a time, oldest first, and waits while the VM is unprotected", func() {
-			setProtection(ftv1.ProtectionDisabled)
+			setProtection(ns, "vm", ftv1.ProtectionDisabled)
 			waitFor(ns, "vm", "protection off", func(f *ftv1.FaultTolerantVM) bool { return f.Status.Secondary == nil })
 			newOperation(ns, "first", ftv1.OperationTestRestartSecondary, "")
 			newOperation(ns, "second", ftv1.OperationTestFailover, "")
@@ -173,7 +167,7 @@ var _ = Describe("Day-2 operations", func() {
 			}, timeout, interval).Should(Succeed())
 			Expect(getOperation(ns, "first").Status.Phase).To(Equal(ftv1.OperationPending))
 
-			setProtection(ftv1.ProtectionEnabled)
+			setProtection(ns, "vm", ftv1.ProtectionEnabled)
 			waitForOperation(ns, "first", ftv1.OperationSucceeded)
 			second := waitForOperation(ns, "second", ftv1.OperationSucceeded)
 			Expect(second.Status.StartTime.Time).NotTo(BeTemporally("<", getOperation(ns, "first").Status.CompletionTime.Time))

@@ -28,18 +28,17 @@ type Primary struct {
 	// Pacer, when set, slows Append while the secondary trails (paper 1.3).
 	Pacer *ftlog.Pacer
 
-	mu         sync.Mutex
-	changed    chan struct{} // closed and replaced on every change of the log
-	log        *ftlog.Log
-	interval   ftlog.Interval
-	connected  bool
-	delivered  uint64 // the last acknowledgement OnAck has returned from
-	lastHeard  time.Time
-	stats      PrimaryStats
-	fatal      error
-	resign     *ftlog.Resign // set by Resign: the writer's last frame
-	resigned   chan struct{} // closed once the Resign frame was written
-	sentResign bool          // the Resign frame was written: no session may start again
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced on every change of the log
+	log       *ftlog.Log
+	interval  ftlog.Interval
+	connected bool
+	delivered uint64 // the last acknowledgement OnAck has returned from
+	lastHeard time.Time
+	stats     PrimaryStats
+	fatal     error
+	resign    *ftlog.Resign // set by Resign: the writer's last frame
+	resigned  chan struct{} // closed once the Resign frame was written: no session starts again
 }
 
 // PrimaryStats are the primary's counters.
@@ -176,11 +175,11 @@ func (p *Primary) Run(ctx context.Context) (err error) {
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		err := p.session(ctx)
-		p.mu.Lock()
-		if p.sentResign {
+		select {
+		case <-p.resigned:
 			err = ErrResigned // whichever of the session's loops ended it first
+		default:
 		}
-		p.mu.Unlock()
 		if errors.Is(err, ftlog.ErrCannotResume) || errors.Is(err, ftlog.ErrProtocol) || errors.Is(err, ErrResigned) {
 			p.mu.Lock()
 			p.fatal = err
@@ -264,9 +263,6 @@ func (p *Primary) writeLoop(ctx context.Context, c *conn) error {
 			if err := c.write(ftlog.Frame{Type: ftlog.FrameResign, Resign: resign}); err != nil {
 				return err
 			}
-			p.mu.Lock()
-			p.sentResign = true
-			p.mu.Unlock()
 			close(p.resigned)
 			return ErrResigned
 		}

@@ -77,10 +77,10 @@ type Engine struct {
 	protected    bool
 	streams      *pairing
 	bytesDone    uint64
-	interval     time.Duration // moving average of the checkpoint intervals
-	pause        time.Duration // moving average of the checkpoint pauses
-	checkpoints  uint64        // over the engine's life
-	forced       uint64        // checkpoints colo-compare asked for before the periodic one
+	interval     ftlog.Interval // moving average of the checkpoint intervals
+	pause        ftlog.Interval // moving average of the checkpoint pauses
+	checkpoints  uint64         // over the engine's life
+	forced       uint64         // checkpoints colo-compare asked for before the periodic one
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -91,7 +91,8 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.CompareTimeout <= 0 {
 		cfg.CompareTimeout = 3 * time.Second
 	}
-	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary}
+	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary,
+		interval: ftlog.Interval{Alpha: 1.0 / 8}, pause: ftlog.Interval{Alpha: 1.0 / 8}}
 }
 
 var _ interface {
@@ -191,7 +192,7 @@ func (e *Engine) GateInterface() string { return "" }
 func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval, Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause}
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value()}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {
 			st.Bytes += c.Sent()

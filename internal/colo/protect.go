@@ -136,18 +136,10 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 
 func (e *Engine) checkpoint(cp Checkpoint) {
 	e.mu.Lock()
-	if cp.Interval > 0 {
-		if e.interval == 0 {
-			e.interval = cp.Interval
-		} else {
-			e.interval += (cp.Interval - e.interval) / 8
-		}
+	if cp.Interval > 0 { // the first checkpoint has none
+		e.interval.Observe(cp.Interval)
 	}
-	if e.pause == 0 {
-		e.pause = cp.Pause
-	} else {
-		e.pause += (cp.Pause - e.pause) / 8
-	}
+	e.pause.Observe(cp.Pause)
 	e.checkpoints++
 	if Forced(cp, e.cfg.Checkpoint) {
 		e.forced++

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -39,14 +38,6 @@ func BenchmarkColoCost(b *testing.B) {
 	c.attach(c.nodes[0])
 	cl := &client{c: c}
 	cl.next("the guest boots", 3*time.Minute)
-	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
-		b.Cleanup(func() {
-			for _, m := range c.members {
-				data, _ := os.ReadFile(m.vm.Serial)
-				_ = os.WriteFile(filepath.Join(dir, m.name+".console"), data, 0o644)
-			}
-		})
-	}
 
 	var alone, ft [3]load
 	for i, run := range loads {

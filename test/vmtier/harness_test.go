@@ -335,16 +335,18 @@ func (c *cluster) launchDirect(m *member) {
 	}
 	// VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap. On a secondary the dump sits
 	// after the COLO filters: it sees what the guest sends and what reaches it; on a primary it
-	// sits before them: what the tap brings in and what colo-compare released.
+	// sits before them: what the tap brings in and what colo-compare released. The QEMU's log and,
+	// once the test ends, its console are kept beside it.
+	m.qemuLog = file("qemu.log")
 	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
 		args = append(args, "-object", "filter-dump,id=pcap0,netdev=hn0,file="+filepath.Join(dir, m.name+".pcap"))
+		m.qemuLog = filepath.Join(dir, m.name+".log")
+		t.Cleanup(func() {
+			console, _ := os.ReadFile(m.vm.Serial)
+			_ = os.WriteFile(filepath.Join(dir, m.name+".console"), console, 0o644)
+		})
 	}
-	logPath := file("qemu.log")
-	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
-		logPath = filepath.Join(dir, m.name+".log") // kept beside the capture
-	}
-	m.qemuLog = logPath
-	logf, err := os.Create(logPath)
+	logf, err := os.Create(m.qemuLog)
 	if err != nil {
 		t.Fatal(err)
 	}
