@@ -339,7 +339,9 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	VLockstepInterval *metav1.Duration `json:"vLockstepInterval,omitempty"`
 
-	// logBandwidth is the FT logging traffic in bytes per second, as lockstepd measures it.
+	// logBandwidth is the FT logging traffic in bytes per second, as the primary's lockstepd
+	// measures it over its last status interval (at least). It is absent for a while after the
+	// primary's state changes, until a whole interval of the new state is measured.
 	// +optional
 	LogBandwidth *resource.Quantity `json:"logBandwidth,omitempty"`
 
@@ -382,7 +384,8 @@ type CheckpointStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	PauseMilliseconds *int32 `json:"pauseMilliseconds,omitempty"`
 
-	// perSecond is how many checkpoints a second the pair took since lockstepd's last report.
+	// perSecond is how many checkpoints a second the pair took over lockstepd's last status
+	// interval (absent, like logBandwidth, until one is measured).
 	// +optional
 	PerSecond *resource.Quantity `json:"perSecond,omitempty"`
 

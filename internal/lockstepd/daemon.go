@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -63,7 +62,7 @@ type member struct {
 	// reporting
 	reported   agent.Status
 	reportedAt time.Time
-	bytes      uint64
+	rates      rateWindow
 	syncMarked bool
 }
 
@@ -387,12 +386,10 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 		if st.Interval > 0 {
 			status["vLockstepInterval"] = metav1.Duration{Duration: st.Interval}
 		}
-		if !m.reportedAt.IsZero() && st.BytesLogged >= m.bytes {
-			rate := float64(st.BytesLogged-m.bytes) / now.Sub(m.reportedAt).Seconds()
-			status["logBandwidth"] = resource.NewQuantity(int64(rate), resource.DecimalSI)
-		}
-		if cps := checkpointStatus(st, prev, now.Sub(m.reportedAt), !m.reportedAt.IsZero()); cps != nil {
-			status["checkpoints"] = cps
+		var fields map[string]any
+		fields, m.rates = logRates(m.rates, st, now, d.Config.StatusInterval)
+		for k, v := range fields {
+			status[k] = v
 		}
 	} else {
 		status["replication"] = map[string]any{"secondary": side}
@@ -405,7 +402,7 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 	if err := d.Client.Status().Patch(ctx, ftvm, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	m.reported, m.reportedAt, m.bytes = st, now, st.BytesLogged
+	m.reported, m.reportedAt = st, now
 	return nil
 }
 
@@ -424,20 +421,47 @@ func (d *Daemon) Statuses() []agent.Status {
 	return out
 }
 
-// checkpointStatus is the status's checkpoints of a side that runs the VM, from its status now and
-// at the last report, elapsed ago (rates only when there was one); nil for an engine without
-// checkpoints.
-func checkpointStatus(st, prev agent.Status, elapsed time.Duration, hadReport bool) *ftv1.CheckpointStatus {
-	if st.Checkpoints == 0 {
-		return nil
+// rateWindow is where a side's reported rates are measured from: its status at the window's
+// start.
+type rateWindow struct {
+	at   time.Time
+	from agent.Status
+}
+
+// logRates is what a report of a side that runs the VM says of its log: the bandwidth and the
+// checkpoints a second over a window of at least every, and the checkpoints' mean pause. A window
+// starts at the side's first report and again whenever its state changes, so that a figure never
+// mixes two states (a primary's initial copy is not its protected bandwidth): such a report
+// clears the rates, and they stay absent until a whole window of the new state is measured.
+// Reports in between leave the last rates as they are. The fields are a merge patch of the
+// status; the window is the one to measure from next.
+func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration) (map[string]any, rateWindow) {
+	fields := map[string]any{}
+	var cps map[string]any
+	if st.Checkpoints > 0 {
+		cps = map[string]any{"pauseMilliseconds": int32(st.CheckpointPause.Milliseconds())}
+		fields["checkpoints"] = cps
 	}
-	cps := &ftv1.CheckpointStatus{PauseMilliseconds: ptr.To(int32(st.CheckpointPause.Milliseconds()))}
-	if hadReport && elapsed > 0 && st.Checkpoints >= prev.Checkpoints && st.ForcedCheckpoints >= prev.ForcedCheckpoints {
-		perSecond := func(n uint64) *resource.Quantity {
-			return resource.NewMilliQuantity(int64(float64(n)*1000/elapsed.Seconds()), resource.DecimalSI)
+	restart := w.at.IsZero() || w.from.State != st.State || st.BytesLogged < w.from.BytesLogged ||
+		st.Checkpoints < w.from.Checkpoints || st.ForcedCheckpoints < w.from.ForcedCheckpoints
+	elapsed := now.Sub(w.at)
+	switch {
+	case restart:
+		fields["logBandwidth"] = nil
+		if cps != nil {
+			cps["perSecond"], cps["forcedPerSecond"] = nil, nil
 		}
-		cps.PerSecond = perSecond(st.Checkpoints - prev.Checkpoints)
-		cps.ForcedPerSecond = perSecond(st.ForcedCheckpoints - prev.ForcedCheckpoints)
+		return fields, rateWindow{at: now, from: st}
+	case elapsed < every || elapsed <= 0:
+		return fields, w
 	}
-	return cps
+	perSecond := func(n uint64) *resource.Quantity {
+		return resource.NewMilliQuantity(int64(float64(n)*1000/elapsed.Seconds()), resource.DecimalSI)
+	}
+	fields["logBandwidth"] = resource.NewQuantity(int64(float64(st.BytesLogged-w.from.BytesLogged)/elapsed.Seconds()), resource.DecimalSI)
+	if cps != nil {
+		cps["perSecond"] = perSecond(st.Checkpoints - w.from.Checkpoints)
+		cps["forcedPerSecond"] = perSecond(st.ForcedCheckpoints - w.from.ForcedCheckpoints)
+	}
+	return fields, rateWindow{at: now, from: st}
 }

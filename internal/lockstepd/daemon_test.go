@@ -1,6 +1,7 @@
 package lockstepd
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -20,42 +21,49 @@ func TestSideStatesAreTheAPIs(t *testing.T) {
 	}
 }
 
-func TestCheckpointStatus(t *testing.T) {
-	prev := agent.Status{Checkpoints: 10, ForcedCheckpoints: 4}
+func TestLogRates(t *testing.T) {
+	t0 := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
+	every := 4 * time.Second
+	protected := agent.Status{State: failover.Protected, BytesLogged: 1000, Checkpoints: 10, ForcedCheckpoints: 4, CheckpointPause: 20 * time.Millisecond}
+	window := rateWindow{at: t0, from: protected}
+	later := func(bytes, cps, forced uint64) agent.Status {
+		st := protected
+		st.BytesLogged, st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = bytes, cps, forced, 15*time.Millisecond
+		return st
+	}
+	alone := agent.Status{State: failover.Alone, BytesLogged: 5000}
 	for _, tc := range []struct {
-		name              string
-		st                agent.Status
-		elapsed           time.Duration
-		hadReport         bool
-		wantNil           bool
-		perSecond, forced string
-		wantPause         time.Duration
+		name     string
+		w        rateWindow
+		st       agent.Status
+		after    time.Duration
+		want     string // the fields as JSON
+		restarts bool   // the next window starts now
 	}{
-		{name: "an engine without checkpoints", st: agent.Status{}, elapsed: time.Second, hadReport: true, wantNil: true},
-		{name: "the first report: the pause, no rates", st: agent.Status{Checkpoints: 3, CheckpointPause: 20 * time.Millisecond}, wantPause: 20 * time.Millisecond},
-		{name: "rates since the last report", st: agent.Status{Checkpoints: 30, ForcedCheckpoints: 9, CheckpointPause: 15 * time.Millisecond},
-			elapsed: 4 * time.Second, hadReport: true, perSecond: "5", forced: "1250m", wantPause: 15 * time.Millisecond},
-		{name: "counts that went back (a new engine): no rates", st: agent.Status{Checkpoints: 2, CheckpointPause: 1500 * time.Microsecond},
-			elapsed: time.Second, hadReport: true, wantPause: time.Millisecond},
+		{name: "the first report starts a window and clears the rates", st: protected,
+			want: `{"checkpoints":{"forcedPerSecond":null,"pauseMilliseconds":20,"perSecond":null},"logBandwidth":null}`, restarts: true},
+		{name: "a whole window: the rates over it", w: window, st: later(21000, 30, 9), after: 4 * time.Second, want: `{"checkpoints":{"forcedPerSecond":"1250m","pauseMilliseconds":15,"perSecond":"5"},"logBandwidth":"5k"}`, restarts: true},
+		{name: "a longer window", w: window, st: later(11000, 20, 4), after: 10 * time.Second, want: `{"checkpoints":{"forcedPerSecond":"0","pauseMilliseconds":15,"perSecond":"1"},"logBandwidth":"1k"}`, restarts: true},
+		{name: "a report inside the window (another field changed): the last rates stay", w: window, st: later(1000, 10, 4), after: time.Second,
+			want: `{"checkpoints":{"pauseMilliseconds":15}}`},
+		{name: "a new state starts a window: a primary's initial copy is not its protected bandwidth", w: rateWindow{at: t0, from: alone}, st: later(900000, 12, 4), after: time.Minute,
+			want: `{"checkpoints":{"forcedPerSecond":null,"pauseMilliseconds":15,"perSecond":null},"logBandwidth":null}`, restarts: true},
+		{name: "counts that went back (a new engine) start a window", w: window, st: later(10, 2, 0), after: time.Minute,
+			want: `{"checkpoints":{"forcedPerSecond":null,"pauseMilliseconds":15,"perSecond":null},"logBandwidth":null}`, restarts: true},
+		{name: "an engine without checkpoints: the bandwidth alone", w: rateWindow{at: t0, from: alone}, st: agent.Status{State: failover.Alone, BytesLogged: 5000}, after: every,
+			want: `{"logBandwidth":"0"}`, restarts: true},
 	} {
-		got := checkpointStatus(tc.st, prev, tc.elapsed, tc.hadReport)
-		if tc.wantNil {
-			if got != nil {
-				t.Errorf("%s: %+v, want none", tc.name, got)
-			}
-			continue
+		now := t0.Add(tc.after)
+		fields, next := logRates(tc.w, tc.st, now, every)
+		got, err := json.Marshal(fields)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got == nil || got.PauseMilliseconds == nil || time.Duration(*got.PauseMilliseconds)*time.Millisecond != tc.wantPause {
-			t.Fatalf("%s: %+v, want a pause of %s", tc.name, got, tc.wantPause)
+		if string(got) != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
 		}
-		rate := func(q interface{ String() string }, isNil bool) string {
-			if isNil {
-				return ""
-			}
-			return q.String()
-		}
-		if p, f := rate(got.PerSecond, got.PerSecond == nil), rate(got.ForcedPerSecond, got.ForcedPerSecond == nil); p != tc.perSecond || f != tc.forced {
-			t.Errorf("%s: %q and %q a second, want %q and %q", tc.name, p, f, tc.perSecond, tc.forced)
+		if restarted := next.at.Equal(now) && next.from == tc.st; restarted != tc.restarts {
+			t.Errorf("%s: the next window restarts: %v, want %v", tc.name, restarted, tc.restarts)
 		}
 	}
 }
