@@ -390,9 +390,22 @@ type CheckpointStatus struct {
 	PerSecond *resource.Quantity `json:"perSecond,omitempty"`
 
 	// forcedPerSecond is how many of them a second colo-compare forced before the periodic one
-	// was due (a mismatch or a compare timeout; QEMU does not say which).
+	// was due: mismatchPerSecond and timeoutPerSecond together, or, with a QEMU that does not
+	// count them, a guess from the time between checkpoints.
 	// +optional
 	ForcedPerSecond *resource.Quantity `json:"forcedPerSecond,omitempty"`
+
+	// mismatchPerSecond is how many checkpoints a second colo-compare forced because the two
+	// sides' packets differed: the guest's output is not deterministic (absent when the VM's
+	// QEMU does not count causes).
+	// +optional
+	MismatchPerSecond *resource.Quantity `json:"mismatchPerSecond,omitempty"`
+
+	// timeoutPerSecond is how many checkpoints a second colo-compare forced because a packet of
+	// one side waited longer than the compare timeout for the other's: the secondary runs behind
+	// (absent when the VM's QEMU does not count causes).
+	// +optional
+	TimeoutPerSecond *resource.Quantity `json:"timeoutPerSecond,omitempty"`
 }
 
 // FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM

@@ -41,6 +41,10 @@ type Status struct {
 	// (engine.StreamStats); CheckpointPause is how long the VM stands still for one.
 	Checkpoints, ForcedCheckpoints uint64
 	CheckpointPause                time.Duration
+	// CheckpointCausesKnown says that the engine told the forced checkpoints apart: those for
+	// outputs that differed (CheckpointsOnMismatch) and for a late secondary (CheckpointsOnTimeout).
+	CheckpointCausesKnown                       bool
+	CheckpointsOnMismatch, CheckpointsOnTimeout uint64
 }
 
 // Status returns the agent's snapshot.
@@ -84,6 +88,7 @@ func (a *Agent) Status() Status {
 			st.Interval = streams.Interval
 		}
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
+		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
 	}
 	return st
 }

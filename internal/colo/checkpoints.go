@@ -25,6 +25,11 @@ type Checkpoint struct {
 	// (the primary stops its VM on it) to the secondary's report that it loaded the state (the
 	// primary resumes on it).
 	Pause time.Duration
+	// Load is the part of the pause that the secondary took to load the state once it had it all
+	// (its RAM cache flushed into the VM, its disk's checkpoint taken): from its report of the
+	// state received to its report of the state loaded. The rest of the pause is the primary's:
+	// stopping its VM, saving the state and sending it.
+	Load time.Duration
 	// Interval is the time since the previous checkpoint ended (zero for the first).
 	Interval time.Duration
 	// Committed is when the secondary reported the state received: from then on colo-compare
@@ -102,7 +107,7 @@ func (c *Checkpoints) message(m uint32) {
 		c.committed = now
 	case msgVMStateLoaded:
 		c.n++
-		cp := Checkpoint{N: c.n, Pause: now.Sub(c.replyAt), Committed: c.committed, At: now}
+		cp := Checkpoint{N: c.n, Pause: now.Sub(c.replyAt), Load: now.Sub(c.committed), Committed: c.committed, At: now}
 		if !c.lastEnd.IsZero() {
 			cp.Interval = now.Sub(c.lastEnd)
 		}

@@ -81,6 +81,7 @@ type Engine struct {
 	pause        ftlog.Interval // moving average of the checkpoint pauses
 	checkpoints  uint64         // over the engine's life
 	forced       uint64         // checkpoints colo-compare asked for before the periodic one
+	causes       causeCounts    // the forced ones by the cause colo-compare gave, when it does
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -193,6 +194,11 @@ func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value()}
+	if !e.causes.unknown && e.checkpoints > 0 {
+		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.
+		st.CausesKnown, st.OnMismatch, st.OnTimeout = true, e.causes.mismatch, e.causes.timeout
+		st.Forced = min(e.causes.mismatch+e.causes.timeout, e.checkpoints)
+	}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {
 			st.Bytes += c.Sent()
@@ -234,6 +240,7 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 			return errors.New("QEMU's monitor closed: QEMU exited")
 		case cp := <-e.cps:
 			e.logCheckpoint(ctx, rec, cp)
+			e.readCauses(ctx, q)
 			continue
 		case <-e.kick:
 		case <-retry:

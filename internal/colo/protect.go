@@ -108,6 +108,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	}
 	e.mu.Lock()
 	afterRewriter := e.wasSecondary
+	e.causes.newProtection() // StartPrimary creates a new compare object
 	e.mu.Unlock()
 	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Checkpoint, e.cfg.CompareTimeout, afterRewriter); err != nil {
 		return err

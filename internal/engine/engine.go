@@ -105,6 +105,11 @@ type StreamStats struct {
 	// asked for them); Pause is how long the VM stands still for one (a moving average).
 	Checkpoints, Forced uint64
 	Pause               time.Duration
+	// CausesKnown says that the engine's comparison counts why it forced checkpoints: OnMismatch
+	// for outputs that differed, OnTimeout for a secondary's output that came too late (Forced is
+	// their sum). Without it Forced is the engine's guess from the checkpoints' intervals.
+	CausesKnown           bool
+	OnMismatch, OnTimeout uint64
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

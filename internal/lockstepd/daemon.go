@@ -443,13 +443,14 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 		fields["checkpoints"] = cps
 	}
 	restart := w.at.IsZero() || w.from.State != st.State || st.BytesLogged < w.from.BytesLogged ||
-		st.Checkpoints < w.from.Checkpoints || st.ForcedCheckpoints < w.from.ForcedCheckpoints
+		st.Checkpoints < w.from.Checkpoints || st.ForcedCheckpoints < w.from.ForcedCheckpoints ||
+		st.CheckpointsOnMismatch < w.from.CheckpointsOnMismatch || st.CheckpointsOnTimeout < w.from.CheckpointsOnTimeout
 	elapsed := now.Sub(w.at)
 	switch {
 	case restart:
 		fields["logBandwidth"] = nil
 		if cps != nil {
-			cps["perSecond"], cps["forcedPerSecond"] = nil, nil
+			cps["perSecond"], cps["forcedPerSecond"], cps["mismatchPerSecond"], cps["timeoutPerSecond"] = nil, nil, nil, nil
 		}
 		return fields, rateWindow{at: now, from: st}
 	case elapsed < every || elapsed <= 0:
@@ -462,6 +463,12 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 	if cps != nil {
 		cps["perSecond"] = perSecond(st.Checkpoints - w.from.Checkpoints)
 		cps["forcedPerSecond"] = perSecond(st.ForcedCheckpoints - w.from.ForcedCheckpoints)
+		if st.CheckpointCausesKnown && w.from.CheckpointCausesKnown {
+			cps["mismatchPerSecond"] = perSecond(st.CheckpointsOnMismatch - w.from.CheckpointsOnMismatch)
+			cps["timeoutPerSecond"] = perSecond(st.CheckpointsOnTimeout - w.from.CheckpointsOnTimeout)
+		} else {
+			cps["mismatchPerSecond"], cps["timeoutPerSecond"] = nil, nil
+		}
 	}
 	return fields, rateWindow{at: now, from: st}
 }

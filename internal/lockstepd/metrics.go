@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 )
 
@@ -22,7 +23,7 @@ var (
 	descFailover    = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
 	descEpoch       = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
 	descPace        = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
-	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period) or forced (COLO's comparison of the two sides' packets asked for it: a mismatch or a compare timeout). Mostly forced checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
+	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period), mismatch (the two sides' packets differed), timeout (the secondary's packet came after the compare timeout), or forced (one of the two, with a QEMU that does not say which). Mostly mismatch and timeout checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
 	descPause       = prometheus.NewDesc("lockstepd_checkpoint_pause_seconds", "How long the primary's VM stands still for a checkpoint (moving average).", metricLabels, nil)
 	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
 )
@@ -59,11 +60,22 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(st.Epoch), l...)
 		ch <- prometheus.MustNewConstMetric(descPace, prometheus.GaugeValue, st.PaceDelay.Seconds(), l...)
 		if st.Checkpoints > 0 {
-			ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(st.Checkpoints-st.ForcedCheckpoints), append(l, "periodic")...)
-			ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(st.ForcedCheckpoints), append(l, "forced")...)
+			for cause, n := range checkpointCauses(st) {
+				ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(n), append(l, cause)...)
+			}
 			ch <- prometheus.MustNewConstMetric(descPause, prometheus.GaugeValue, st.CheckpointPause.Seconds(), l...)
 		}
 	}
+}
+
+// checkpointCauses splits a side's checkpoints by cause: periodic, mismatch and timeout when
+// the engine tells its forced ones apart, periodic and forced otherwise.
+func checkpointCauses(st agent.Status) map[string]uint64 {
+	periodic := st.Checkpoints - min(st.ForcedCheckpoints, st.Checkpoints)
+	if !st.CheckpointCausesKnown {
+		return map[string]uint64{"periodic": periodic, "forced": st.ForcedCheckpoints}
+	}
+	return map[string]uint64{"periodic": periodic, "mismatch": st.CheckpointsOnMismatch, "timeout": st.CheckpointsOnTimeout}
 }
 
 func registerMetrics(d *Daemon) {

@@ -100,18 +100,31 @@ func coloFailover(b *testing.B, on stack) {
 
 // window is what one measurement window saw.
 type window struct {
-	checkpoints          int
-	pauseP50, pauseP90   time.Duration
-	interval             time.Duration // mean time between checkpoints
-	bytesPerSec          float64
-	requests             int
-	checkpointsPerSecond float64
+	checkpoints           int
+	pauseP50, pauseP90    time.Duration
+	loadP50, loadP90      time.Duration // the secondary's part of the pause
+	onMismatch, onTimeout uint64        // checkpoints colo-compare forced, by cause
+	interval              time.Duration // mean time between checkpoints
+	bytesPerSec           float64
+	requests              int
+	checkpointsPerSecond  float64
 }
 
 func (w window) String() string {
-	return fmt.Sprintf("%d checkpoints (%.2f/s), pause p50 %s p90 %s, mean interval %s, %.2f MB/s to the secondary, %d requests",
-		w.checkpoints, w.checkpointsPerSecond, w.pauseP50.Round(10*time.Microsecond), w.pauseP90.Round(10*time.Microsecond),
+	return fmt.Sprintf("%d checkpoints (%.2f/s; %s), %s, mean interval %s, %.2f MB/s to the secondary, %d requests",
+		w.checkpoints, w.checkpointsPerSecond, w.causes(), w.pauses(),
 		w.interval.Round(time.Millisecond), w.bytesPerSec/1e6, w.requests)
+}
+
+// causes says why colo-compare forced checkpoints, as the engine reports it.
+func (w window) causes() string {
+	return fmt.Sprintf("%d forced on a mismatch, %d on a timeout", w.onMismatch, w.onTimeout)
+}
+
+// pauses says how long the primary's VM stood still, and how much of that was the secondary's.
+func (w window) pauses() string {
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	return fmt.Sprintf("pause p50 %s p90 %s (the secondary's load p50 %s p90 %s)", r(w.pauseP50), r(w.pauseP90), r(w.loadP50), r(w.loadP90))
 }
 
 // measure runs work (if any) over and over for d and reads the primary's checkpoints and
@@ -120,7 +133,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	c.mu.Lock()
 	from := len(c.checkpoints)
 	c.mu.Unlock()
-	bytes0 := p.engine.Streams().Bytes
+	before := p.engine.Streams()
 	start := time.Now()
 	var w window
 	for time.Since(start) < d {
@@ -132,24 +145,31 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 		}
 	}
 	elapsed := time.Since(start)
-	w.bytesPerSec = float64(p.engine.Streams().Bytes-bytes0) / elapsed.Seconds()
+	after := p.engine.Streams()
+	w.bytesPerSec = float64(after.Bytes-before.Bytes) / elapsed.Seconds()
+	if !after.CausesKnown {
+		c.t.Fatalf("the engine does not tell the checkpoints' causes apart: is the QEMU lockstep's?")
+	}
+	w.onMismatch, w.onTimeout = after.OnMismatch-before.OnMismatch, after.OnTimeout-before.OnTimeout
 	c.mu.Lock()
 	cps := append([]colo.Checkpoint(nil), c.checkpoints[from:]...)
 	c.mu.Unlock()
 	w.checkpoints = len(cps)
 	w.checkpointsPerSecond = float64(len(cps)) / elapsed.Seconds()
-	var pauses []time.Duration
+	var pauses, loads []time.Duration
 	var sum time.Duration
 	n := 0
 	for _, cp := range cps {
-		pauses = append(pauses, cp.Pause)
+		pauses, loads = append(pauses, cp.Pause), append(loads, cp.Load)
 		if cp.Interval > 0 {
 			sum += cp.Interval
 			n++
 		}
 	}
 	sort.Slice(pauses, func(i, j int) bool { return pauses[i] < pauses[j] })
+	sort.Slice(loads, func(i, j int) bool { return loads[i] < loads[j] })
 	w.pauseP50, w.pauseP90 = pct(pauses, 50), pct(pauses, 90)
+	w.loadP50, w.loadP90 = pct(loads, 50), pct(loads, 90)
 	if n > 0 {
 		w.interval = sum / time.Duration(n)
 	}

@@ -54,8 +54,8 @@ func BenchmarkColoCost(b *testing.B) {
 	}
 	for i := range loads {
 		b.Logf("%s", alone[i].compare(ft[i]))
-		b.Logf("  protected: %.2f checkpoints/s, %.2f MB/s to the secondary, pause p50 %s p90 %s; %s",
-			cps[i].checkpointsPerSecond, cps[i].bytesPerSec/1e6, cps[i].pauseP50.Round(10*time.Microsecond), cps[i].pauseP90.Round(10*time.Microsecond), released[i])
+		b.Logf("  protected: %.2f checkpoints/s (%s), %.2f MB/s to the secondary, %s; %s",
+			cps[i].checkpointsPerSecond, cps[i].causes(), cps[i].bytesPerSec/1e6, cps[i].pauses(), released[i])
 	}
 	rr, mail, bulk := 0, 1, 2
 	b.ReportMetric(ratio(ft[rr].p(50), alone[rr].p(50)), "rr-p50-ratio")

@@ -145,10 +145,12 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 		}
 		cps := ftvm.Status.Checkpoints
 		return ftvm.Status.VLockstepInterval != nil && ftvm.Status.VLockstepInterval.Duration > 0 &&
-			cps != nil && cps.PauseMilliseconds != nil && *cps.PauseMilliseconds > 0 && cps.PerSecond != nil && cps.PerSecond.MilliValue() > 0 && cps.ForcedPerSecond != nil
+			cps != nil && cps.PauseMilliseconds != nil && *cps.PauseMilliseconds > 0 && cps.PerSecond != nil && cps.PerSecond.MilliValue() > 0 && cps.ForcedPerSecond != nil &&
+			cps.MismatchPerSecond != nil && cps.TimeoutPerSecond != nil // lockstep's QEMU counts the causes
 	})
-	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v, checkpoints %s a second (%s forced), pause %d ms",
-		ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth, ftvm.Status.Checkpoints.PerSecond, ftvm.Status.Checkpoints.ForcedPerSecond, *ftvm.Status.Checkpoints.PauseMilliseconds)
+	cps := ftvm.Status.Checkpoints
+	t.Logf("protected by the installed lockstepd: interval %s, log bandwidth %v, checkpoints %s a second (%s forced: %s on a mismatch, %s on a timeout), pause %d ms",
+		ftvm.Status.VLockstepInterval.Duration, ftvm.Status.LogBandwidth, cps.PerSecond, cps.ForcedPerSecond, cps.MismatchPerSecond, cps.TimeoutPerSecond, *cps.PauseMilliseconds)
 
 	// Cut the logging interface of the secondary's node, the node's own network up: the pair
 	// notices (its traffic does not move to host0), one side goes on and the other is fenced.
