@@ -90,10 +90,17 @@ func PrimaryDiskArgs(image, format string) []string {
 // SecondaryDiskArgs is the secondary's replication chain, with no device: its replica of the
 // primary's disk (parent, an NBD export for the resync), the active and hidden qcow2 overlays of
 // the same size, and the quorum DiskID over them.
+//
+// The overlays skip flushes (cache.no-flush): they are scratch that QEMU empties at every
+// checkpoint, and emptying a qcow2 image syncs its header and tables several times, which made
+// about half of the secondary's part of each checkpoint's pause (docs/colo.md). Nothing needs
+// them durable: they live and die with the member's pod (KubeVirt emptyDisks; a member whose
+// node fails is replaced, never restarted from them), and on failover QEMU commits them into
+// the replica, which keeps its flushes.
 func SecondaryDiskArgs(parent, format, active, hidden string) []string {
 	return []string{
 		"-drive", "if=none,id=parent0,file.filename=" + parent + ",driver=" + format,
-		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,file.driver=qcow2,top-id=" + DiskID + "," +
+		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,cache.no-flush=on,file.driver=qcow2,top-id=" + DiskID + "," +
 			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=parent0",
 		"-drive", "if=none,id=" + DiskID + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
 	}
