@@ -105,7 +105,7 @@ test-dataplane: envtest-assets test-crds ## lockstepd processes in network names
 	go test -count=1 -timeout 15m -v ./test/dataplane/...
 
 .PHONY: vm-assets
-vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; about 13 minutes cold) and test guest, cached under ~/.cache/lockstep.
+vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; about 4 minutes cold) and test guest, cached under ~/.cache/lockstep.
 	hack/qemu.sh >/dev/null
 	hack/guest.sh >/dev/null
 
