@@ -120,6 +120,23 @@ func (s *scope) pairView() operations.Pair {
 	return p
 }
 
+// migrationPlaced judges a migration that waits for its new secondary by why that secondary
+// found no node: while the node asked for still holds a member of this pair on its way out (a
+// secondary stopped moments ago, whose VMI is still being deleted), the migration waits for it;
+// any other reason ends it, and the secondary then starts wherever it fits.
+func migrationPlaced(step operations.Step, op *ftv1.FaultTolerantVMOperation, placeErr error) operations.Step {
+	var none *placement.NoEligibleNodeError
+	if placeErr == nil || !errors.As(placeErr, &none) {
+		return step
+	}
+	if node := op.Spec.Node; node != "" && none.Rejected[node] == placement.RejectSamePair {
+		return operations.Step{Action: operations.Wait, Message: fmt.Sprintf(
+			"%s; node %s still holds a member of this pair that is being deleted", step.Message, node)}
+	}
+	return operations.Step{Action: operations.Fail, Message: fmt.Sprintf(
+		"the secondary was stopped, but no node could take the new one (%v); a secondary now starts on any node that fits", placeErr)}
+}
+
 // phaseOperations takes the pair's current operation one step.
 func (r *FaultTolerantVMReconciler) phaseOperations(ctx context.Context, s *scope) error {
 	for _, q := range s.queued {
@@ -134,9 +151,8 @@ func (r *FaultTolerantVMReconciler) phaseOperations(ctx context.Context, s *scop
 		return nil
 	}
 	step := operations.Next(s.opView(), s.pairView())
-	if step.Action == operations.Wait && s.secondaryErr != nil && errors.Is(s.secondaryErr, placement.ErrNoEligibleNode) && op.Spec.Type == ftv1.OperationMigrateSecondary {
-		step = operations.Step{Action: operations.Fail, Message: fmt.Sprintf(
-			"the secondary was stopped, but no node could take the new one (%v); a secondary now starts on any node that fits", s.secondaryErr)}
+	if step.Action == operations.Wait && op.Spec.Type == ftv1.OperationMigrateSecondary {
+		step = migrationPlaced(step, op, s.secondaryErr)
 	}
 	log.FromContext(ctx).V(1).Info("operation", "operation", op.Name, "type", op.Spec.Type, "step", step.Action.String(), "message", step.Message)
 	switch step.Action {

@@ -7,9 +7,11 @@ import (
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 )
@@ -147,6 +149,31 @@ var _ = Describe("Day-2 operations", func() {
 			Expect(done.Status.Result.Primary.VMI).To(Equal(before.Status.Primary.VMI))
 		})
 
+		It("MigrateSecondary to a node that a stopped member of the pair has not left yet waits for it", func() {
+			By("a secondary stopped by a restart lingers on its node (a finalizer holds its VMI)")
+			old := before.Status.Secondary
+			holdVMI(ns, old.VMI, true)
+			DeferCleanup(holdVMI, ns, old.VMI, false) // also when the spec fails
+			newOperation(ns, "restart", ftv1.OperationTestRestartSecondary, "")
+			waitForOperation(ns, "restart", ftv1.OperationSucceeded)
+			vmi, err := getVMI(ns, old.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(vmi.DeletionTimestamp).NotTo(BeNil())
+
+			By("a migration to that node waits, and says for what")
+			newOperation(ns, "migrate", ftv1.OperationMigrateSecondary, old.Node)
+			Eventually(func() string { return getOperation(ns, "migrate").Status.Message }, timeout, interval).
+				Should(ContainSubstring("node " + old.Node + " still holds a member of this pair that is being deleted"))
+			Consistently(func() ftv1.OperationPhase { return getOperation(ns, "migrate").Status.Phase }, "2s", interval).
+				Should(Equal(ftv1.OperationRunning))
+
+			By("once the stopped member is gone, the new secondary starts there")
+			holdVMI(ns, old.VMI, false)
+			done := waitForOperation(ns, "migrate", ftv1.OperationSucceeded)
+			Expect(done.Status.Result.Secondary.Node).To(Equal(old.Node))
+			Expect(done.Status.Result.Primary.VMI).To(Equal(before.Status.Primary.VMI))
+		})
+
 		It("refuses to migrate the secondary onto the primary's node, and changes nothing", func() {
 			newOperation(ns, "bad", ftv1.OperationMigrateSecondary, before.Status.Primary.Node)
 			failed := waitForOperation(ns, "bad", ftv1.OperationFailed)
@@ -257,4 +284,22 @@ func nodesOf(ns, name string) []string {
 		out = append(out, v.Labels[ftv1.LabelNode])
 	}
 	return out
+}
+
+// holdVMI adds (or removes) a finalizer of the test's own on a VMI, so that a deleted member stays
+// on its node, being deleted, as KubeVirt keeps one while its launcher shuts the VM down.
+func holdVMI(ns, name string, hold bool) {
+	const finalizer = "test.lockstep.dev/hold"
+	vmi, err := getVMI(ns, name)
+	if !hold && apierrors.IsNotFound(err) {
+		return
+	}
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	base := vmi.DeepCopy()
+	if hold {
+		controllerutil.AddFinalizer(vmi, finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(vmi, finalizer)
+	}
+	ExpectWithOffset(1, k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
 }
