@@ -13,7 +13,10 @@ import (
 // compare object in lockstep's QEMU (hack/qemu/colo-compare-checkpoint-causes.patch). The
 // frame's own, periodic checkpoints are the rest. A QEMU without the patch has neither.
 const (
-	compareObject      = "/objects/comp0"
+	// compareID is the primary's colo-compare object: StartPrimary adds it, PrimaryGoAlone
+	// deletes it, and CompareCauses reads its counts.
+	compareID          = "comp0"
+	compareObject      = "/objects/" + compareID
 	propOnMismatch     = "x-checkpoints-on-mismatch"
 	propOnTimeout      = "x-checkpoints-on-timeout"
 	compareCauseBudget = time.Second

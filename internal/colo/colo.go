@@ -163,7 +163,7 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compa
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
-		{"object-add", map[string]any{"qom-type": "colo-compare", "id": "comp0", "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
+		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
 			"compare_timeout": max(compareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(compareTimeout.Milliseconds()/2, 1)}},
 		colo(),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}},
@@ -295,7 +295,7 @@ func PrimaryGoAlone(ctx context.Context, q *qmp.Conn) error {
 	return run(ctx, q, "primary go-alone", true, []step{
 		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "child": "children.1"}},
 		{"human-monitor-command", map[string]any{"command-line": "drive_del replication0"}},
-		{"object-del", map[string]any{"id": "comp0"}},
+		{"object-del", map[string]any{"id": compareID}},
 		{"object-del", map[string]any{"id": "iothread1"}},
 		{"object-del", map[string]any{"id": "m0"}},
 		{"object-del", map[string]any{"id": "redire0"}},
