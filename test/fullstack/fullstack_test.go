@@ -15,6 +15,7 @@ import (
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -80,13 +81,17 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		_, first := waitReplyAfter(cl, killed)
 		figures.Add(what+": kill → the client's next reply", first.At.Sub(killed))
 
-		By("the operator promotes it on lockstepd's report, before the node lifecycle sees the node gone")
-		promoted := waitFor("the secondary promoted", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+		By("the operator promotes it on lockstepd's claim, and says so")
+		waitFor("the secondary promoted", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 			return f.Status.Primary != nil && f.Status.Primary.VMI == s.VMI && f.Status.FailoverCount == failovers+1
 		})
 		promotedAt := time.Now()
 		figures.Add(what+": kill → promoted", promotedAt.Sub(killed))
-		Expect(nodeReady(p.Node)).To(BeTrue(), "promoted only once the API server saw the node go: %s", conditions(promoted))
+		// Whether the node lifecycle had seen the node go by then is a race against its grace
+		// (the envtest suite proves that the operator does not wait for it; the figure above
+		// is how long it took): what is asserted is that the promotion followed lockstepd's claim.
+		Eventually(promotionNote, 10*time.Second, 200*time.Millisecond).WithArguments(s.VMI).
+			Should(ContainSubstring("lockstepd won the pair's Lease"), "the Failover event names lockstepd's claim as the cause")
 
 		By("a new secondary elsewhere, and lockstepd protects the VM into it (disk resync, COLO)")
 		again := waitFor("Protected again", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
@@ -397,6 +402,20 @@ func nodeSchedulable(name string) bool {
 		}
 	}
 	return nodeReady(name)
+}
+
+// promotionNote is the note of the operator's event that promoted vmi ("" until there is one).
+func promotionNote(vmi string) string {
+	var list eventsv1.EventList
+	if err := k8s.List(context.Background(), &list, ctrlclient.InNamespace("default")); err != nil {
+		return ""
+	}
+	for _, e := range list.Items {
+		if e.Reason == ftv1.ReasonPromoted && e.Regarding.Name == ftvmName && e.Related != nil && e.Related.Name == vmi {
+			return e.Note
+		}
+	}
+	return ""
 }
 
 func nodeReady(name string) bool {

@@ -23,6 +23,8 @@ type DomainSpec struct {
 	// Active and Hidden are the images of the two COLO overlays (emptyDisk volumes of every
 	// member VMI).
 	Active, Hidden string
+	// Extra is more QEMU arguments, as qemu:commandline (a test's trace events and packet dumps).
+	Extra []string
 }
 
 // Domain is the member's domain as virt-launcher generates it for the member's VMI, in the parts
@@ -45,7 +47,7 @@ func Domain(s DomainSpec) *libvirtxml.Domain {
 	if s.VM.QMP != "" {
 		extra = append(extra, "-qmp", "unix:"+s.VM.QMP+",server=on,wait=off")
 	}
-	for _, a := range extra {
+	for _, a := range append(extra, s.Extra...) {
 		args = append(args, libvirtxml.DomainQEMUCommandlineArg{Value: a})
 	}
 	return &libvirtxml.Domain{

@@ -329,22 +329,10 @@ func (c *cluster) launchDirect(m *member) {
 	if m.spec.Primary {
 		args = colo.PrimaryArgs(m.vm, file("disk.qcow2"))
 	}
-	// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to the QEMU's log.
-	for _, pat := range append(strings.Fields(os.Getenv("VMTIER_TRACE")), c.trace...) {
-		args = append(args, "-trace", pat)
-	}
-	// VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap. On a secondary the dump sits
-	// after the COLO filters: it sees what the guest sends and what reaches it; on a primary it
-	// sits before them: what the tap brings in and what colo-compare released. The QEMU's log and,
-	// once the test ends, its console are kept beside it.
+	args = append(args, c.diagnostics(m, "hn0")...)
 	m.qemuLog = file("qemu.log")
 	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
-		args = append(args, "-object", "filter-dump,id=pcap0,netdev=hn0,file="+filepath.Join(dir, m.name+".pcap"))
 		m.qemuLog = filepath.Join(dir, m.name+".log")
-		t.Cleanup(func() {
-			console, _ := os.ReadFile(m.vm.Serial)
-			_ = os.WriteFile(filepath.Join(dir, m.name+".console"), console, 0o644)
-		})
 	}
 	logf, err := os.Create(m.qemuLog)
 	if err != nil {
@@ -358,6 +346,33 @@ func (c *cluster) launchDirect(m *member) {
 	}
 	m.pid = m.qemu.Process.Pid
 	go func() { _ = m.qemu.Wait(); close(m.exited) }()
+}
+
+// diagnostics are the QEMU arguments that make a member's QEMU tell more, for netdev, its NIC's
+// backend.
+//
+// VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to the QEMU's log, with
+// timestamps. VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap. On a secondary the
+// dump sits after the COLO filters: it sees what the guest sends and what reaches it; on a
+// primary it sits before them: what the tap brings in and what colo-compare released. Once the
+// test ends, the member's console is kept beside it.
+func (c *cluster) diagnostics(m *member, netdev string) []string {
+	var args []string
+	patterns := append(strings.Fields(os.Getenv("VMTIER_TRACE")), c.trace...)
+	for _, pat := range patterns {
+		args = append(args, "-trace", pat)
+	}
+	if len(patterns) > 0 && !c.viaLibvirt { // libvirt asks for timestamps itself
+		args = append(args, "-msg", "timestamp=on")
+	}
+	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
+		args = append(args, "-object", "filter-dump,id=pcap0,netdev="+netdev+",file="+filepath.Join(dir, m.name+".pcap"))
+		c.t.Cleanup(func() {
+			console, _ := os.ReadFile(m.vm.Serial)
+			_ = os.WriteFile(filepath.Join(dir, m.name+".console"), console, 0o644)
+		})
+	}
+	return args
 }
 
 // attachLockstepd runs the member on its node's lockstepd, with the pair's record as the lease

@@ -56,11 +56,12 @@ func (c *cluster) launchLibvirt(m *member) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	extra := c.diagnostics(m, "hostua-default") // libvirt's netdev for the NIC of alias ua-default
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: memberVMI(m),
 		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a",
 			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm,
-			ReplicatedDisk: "rootdisk", Disk: disk, Active: file("active.qcow2"), Hidden: file("hidden.qcow2")},
+			ReplicatedDisk: "rootdisk", Disk: disk, Active: file("active.qcow2"), Hidden: file("hidden.qcow2"), Extra: extra},
 		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBin, RunDir: c.runDir, Log: m.dir,
 		Paused: !m.spec.Primary,
 	})
