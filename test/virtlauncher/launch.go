@@ -1,6 +1,7 @@
 package virtlauncher
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -89,7 +90,7 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 		return nil, err
 	}
 	go func() {
-		for syscall.Kill(l.PID, 0) == nil {
+		for alive(l.PID) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		close(l.Exited)
@@ -135,4 +136,20 @@ func (l *Launched) Stop() {
 	if l.Hook != nil {
 		l.Hook.Stop()
 	}
+}
+
+// alive says whether process pid runs. A QEMU that died is a zombie until libvirtd reaps it,
+// which libvirtd does only once it has torn the domain down (a second or two after a kill -9):
+// a zombie runs no more.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: the state follows the last ')', as comm may hold one.
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }

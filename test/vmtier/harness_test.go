@@ -144,6 +144,9 @@ func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
 	for i := range nodes {
 		c.addNode(i)
 	}
+	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
+		testnet.Capture(t, c.client, c.clientIf, filepath.Join(dir, "client.pcap")) // what the client sees
+	}
 	return c
 }
 
@@ -352,7 +355,8 @@ func (c *cluster) launchDirect(m *member) {
 // backend.
 //
 // VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to the QEMU's log, with
-// timestamps. VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap. On a secondary the
+// timestamps. VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap (and the client's as
+// DIR/client.pcap, newClusterOf). On a secondary the
 // dump sits after the COLO filters: it sees what the guest sends and what reaches it; on a
 // primary it sits before them: what the tap brings in and what colo-compare released. Once the
 // test ends, the member's console is kept beside it.
@@ -606,8 +610,15 @@ func testLogger(t testing.TB, name string) logr.Logger {
 // gone.
 func (m *member) killQEMU() {
 	if m.pid != 0 {
-		_ = syscall.Kill(m.pid, syscall.SIGKILL)
+		m.kill9()
 		<-m.exited
+	}
+}
+
+// kill9 sends the member's QEMU SIGKILL and returns at once.
+func (m *member) kill9() {
+	if m.pid != 0 {
+		_ = syscall.Kill(m.pid, syscall.SIGKILL)
 	}
 }
 
