@@ -38,13 +38,21 @@ import (
 // every two seconds (QEMU's default is 20 s; colo-compare forces one sooner whenever the two
 // sides' packets differ).
 const (
-	pairName   = "vmtier/vm"
-	heartbeat  = 30 * time.Millisecond
-	timeout    = 300 * time.Millisecond
-	detect     = 500 * time.Millisecond
-	checkpoint = 2 * time.Second
-	diskSize   = "64M"
+	pairName  = "vmtier/vm"
+	heartbeat = 30 * time.Millisecond
+	timeout   = 300 * time.Millisecond
+	detect    = 500 * time.Millisecond
+	diskSize  = "64M"
 )
+
+// checkpoint is the longest time between two checkpoints: 2s, lockstepd's default, or
+// VMTIER_CHECKPOINT (a Go duration).
+var checkpoint = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("VMTIER_CHECKPOINT")); err == nil {
+		return d
+	}
+	return 2 * time.Second
+}()
 
 // compareTimeout is colo-compare's: 100ms, or VMTIER_COMPARE_TIMEOUT (a Go duration; QEMU's
 // default is 3s). Under TCG the secondary rarely produces its packets in time, so the timeout
