@@ -79,11 +79,11 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy, the
 ##@ Test
 
 .PHONY: test
-test: verify vet lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-helm test-fullstack test-chaos ## Everything CI runs.
+test: verify vet lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-scale test-helm test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/... ./test/counter/...
+	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -128,6 +128,15 @@ test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); 
 .PHONY: test-fullstack
 test-fullstack: vm-assets libvirt-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
 	go test -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
+
+.PHONY: test-scale
+test-scale: ## 200 FaultTolerantVMs of mixed sizes (then 40 more than fit) on 50 nodes with per-node limits, then 5 nodes killed at once: no node above its limit, never two primaries, and in the end nothing waits that fits (a check of invariants; its figures are reported, not asserted). SCALE_KEEP=1 leaves the cluster up.
+	go test -tags scale -count=1 -timeout 45m -run TestScale -v ./test/scale/
+
+.PHONY: bench-scale
+bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more) on 500 nodes, 50 killed at once; prints the figures (apply → Protected, operator memory and CPU, reconcile latency, API requests per VM, re-protection after the grace).
+	SCALE_NODES=$${SCALE_NODES:-500} SCALE_FTVMS=$${SCALE_FTVMS:-1000} SCALE_EXTRA=$${SCALE_EXTRA:-200} KWOKCTL_CONFIG=$${KWOKCTL_CONFIG:-$(CURDIR)/hack/kwokctl-scale.yaml} \
+	  go test -tags scale -count=1 -timeout 90m -run TestScale -v ./test/scale/
 
 .PHONY: test-helm
 test-helm: ## helm install, upgrade and uninstall on a local cluster of its own (lockstep-helm; HELM_KEEP=1 leaves it up).

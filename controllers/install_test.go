@@ -26,6 +26,10 @@ var _ = Describe("Installation", func() {
 	var ns string
 	AfterEach(func() {
 		if ns != "" {
+			// As in the admission specs: the sample is deleted only once the operator holds its
+			// finalizer, so that the delete never races its first reconcile (which, with the next
+			// spec's nodes in place, once created members for it; envtest has no garbage collector).
+			waitTaken(ns)
 			deleteAllFTVMs(ns)
 		}
 	})

@@ -145,12 +145,14 @@ func (p *Placer) assumedKeys() []string {
 // view is the cluster as placement sees it: every node with its FT limits, whether the VM may run
 // there, and the members on it, including the ones created but not yet in the cache.
 func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string) ([]placement.Node, error) {
+	// Every placement reads every node and member: read-only, so the cache's objects are read
+	// without copying them (at 500 nodes and 2,000 members, each placement copied them all).
 	var nodes corev1.NodeList
-	if err := p.Reader.List(ctx, &nodes); err != nil {
+	if err := p.Reader.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	var vmis virtv1.VirtualMachineInstanceList
-	if err := p.Reader.List(ctx, &vmis, client.HasLabels{ftv1.LabelNode}); err != nil {
+	if err := p.Reader.List(ctx, &vmis, client.HasLabels{ftv1.LabelNode}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	alone, err := p.pairsAlone(ctx)

@@ -74,7 +74,7 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 		set(ftv1.ConditionProtected, false, ftv1.ReasonWaitingForSecondary,
 			fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
 				s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message))
-	case s.promoted:
+	case s.failingOver():
 		st.State = ftv1.StateFailingOver
 		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
 			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
@@ -109,6 +109,11 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	setFencedCondition(s, set)
 	setRestartRequired(s, set)
 }
+
+// failingOver: a secondary was promoted in this reconcile and a new one is starting. A promotion
+// that found no node for a new secondary is NotProtected with the placement's reason at once, not
+// FailingOver until the next retry.
+func (s *scope) failingOver() bool { return s.promoted && s.secondaryErr == nil }
 
 // protectionOff is the Protected condition's reason and message while spec.protection keeps the
 // pair without a secondary.

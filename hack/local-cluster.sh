@@ -18,7 +18,7 @@
 #   hack/local-cluster.sh down              stop and remove everything (idempotent)
 #   hack/local-cluster.sh kubeconfig        print the kubeconfig path
 #   hack/local-cluster.sh add-node NAME [ZONE]  add a node (idempotent)
-#   hack/local-cluster.sh kill-node NAME    the node's host dies: kwok stops simulating it (and with
+#   hack/local-cluster.sh kill-node NAME... the nodes' hosts die at once: kwok stops simulating them (and with
 #                                           FULL_STACK, its QEMUs, libvirt daemons, lockstepd and
 #                                           links die with its namespace)
 #   hack/local-cluster.sh revive-node NAME  simulate it again: the host came back (empty)
@@ -30,6 +30,7 @@
 #   hack/local-cluster.sh start|stop|kill operator|kubevirt-double
 #                                           manage a process (stop: SIGTERM; kill: SIGKILL)
 #   hack/local-cluster.sh logs operator|kubevirt-double   print the process's log path
+#   hack/local-cluster.sh pid operator|kubevirt-double|kube-apiserver|etcd|...  print its pid
 #   hack/local-cluster.sh helm ARGS...      run helm against the cluster
 #
 # INSTALL=helm installs lockstep with `helm upgrade --install` of charts/lockstep and the values
@@ -41,7 +42,8 @@
 #
 # Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s; with
 # INSTALL=helm the chart's operator.nodeLostGrace), OPERATOR_ARGS (more operator flags),
-# FULL_STACK, INSTALL, HELM_VALUES, LOCKSTEP_CACHE.
+# FULL_STACK, INSTALL, HELM_VALUES, LOCKSTEP_CACHE, KWOKCTL_CONFIG (kwokctl's configuration, default
+# hack/kwokctl.yaml).
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
@@ -95,13 +97,13 @@ up() {
       --kube-scheduler-binary "$K8S/kube-scheduler" \
       --etcd-binary "$K8S/etcd" \
       --kwok-controller-binary "$ROOT/bin/kwok" \
-      --config "$ROOT/hack/kwokctl.yaml" \
+      --config "${KWOKCTL_CONFIG:-$ROOT/hack/kwokctl.yaml}" \
       --kubeconfig "" --wait 2m
   else
     "$ROOT/bin/kwokctl" start cluster --name "$NAME" --wait 2m
   fi
   local zones=(a b c)
-  for i in $(seq 1 "$nodes"); do add_node "node-$i" "zone-${zones[(i - 1) % 3]}"; done
+  for i in $(seq 1 "$nodes"); do node_yaml "node-$i" "zone-${zones[(i - 1) % 3]}"; done | kubectl apply -f - >/dev/null
   install
   start kubevirt-double
   start operator
@@ -198,6 +200,15 @@ start() {
   echo $! >"$RUN_DIR/$1.pid"
 }
 
+# pid_of NAME: the pid of a process of the cluster: operator, kubevirt-double, or one of kwokctl's
+# components (kube-apiserver, etcd, ...).
+pid_of() {
+  case "$1" in
+    operator|kubevirt-double) cat "$RUN_DIR/$1.pid" ;;
+    *) cat "$CLUSTER_DIR/pids/$1.pid" ;;
+  esac
+}
+
 running() { [ -f "$RUN_DIR/$1.pid" ] && kill -0 "$(cat "$RUN_DIR/$1.pid")" 2>/dev/null; }
 
 # stop NAME SIGNAL: stop a process and wait until it is gone (idempotent).
@@ -215,8 +226,12 @@ stop() {
 }
 
 # add_node NAME ZONE: a kwok node with realistic capacity.
-add_node() {
-  kubectl apply -f - >/dev/null <<EOF
+add_node() { node_yaml "$1" "$2" | kubectl apply -f - >/dev/null; }
+
+# node_yaml NAME ZONE: the node's manifest (a document of a stream).
+node_yaml() {
+  cat <<EOF
+---
 apiVersion: v1
 kind: Node
 metadata:
@@ -238,6 +253,13 @@ EOF
 # status or pod updates, and the node lifecycle controller marks it unreachable after its grace.
 # revive-node deletes that Lease; kwok creates it again and the node comes back Ready.
 kill_node() { set_lease_holder "$1" lockstep-killed-node; }
+
+# kill_nodes NAME...: the hosts of several nodes die at once.
+kill_nodes() {
+  local n pids=()
+  for n in "$@"; do kill_node "$n" & pids+=($!); done
+  for n in "${pids[@]}"; do wait "$n"; done
+}
 
 # set_lease_holder NAME HOLDER: another holder of the node's kwok Lease (see kill_node).
 set_lease_holder() {
@@ -271,7 +293,7 @@ down() {
 }
 
 usage() {
-  echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node|revive-node|silence-node NAME" \
+  echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node NAME... | revive-node|silence-node NAME | pid NAME" \
     "| partition-node|heal-node NAME | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double | helm ARGS..." >&2
   exit 2
 }
@@ -281,7 +303,7 @@ case "${1:-}" in
   down) down ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
   add-node) add_node "$2" "${3:-zone-a}" ;;
-  kill-node) kill_node "$2" ;;
+  kill-node) shift; kill_nodes "$@" ;;
   revive-node) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
   silence-node) set_lease_holder "$2" lockstep-silenced-node ;;
   partition-node) logging_link "$2" down ;;
@@ -291,6 +313,7 @@ case "${1:-}" in
   stop) stop "$2" TERM ;;
   kill) stop "$2" KILL ;;
   logs) echo "$RUN_DIR/$2.log" ;;
+  pid) pid_of "$2" ;;
   helm) shift; helm "$@" ;;
   *) usage ;;
 esac

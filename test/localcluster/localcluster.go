@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -136,6 +137,16 @@ func LoggingNetwork(namespace string) *nadv1.NetworkAttachmentDefinition {
 	}
 }
 
+// PID is the pid of one of the cluster's processes: operator, kubevirt-double, or a component of
+// kwokctl's (kube-apiserver, etcd, ...).
+func (c *Cluster) PID(process string) (int, error) {
+	out, err := c.Run("pid", process)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(out))
+}
+
 // HostsDir is where the full stack keeps the cluster's hosts (hack/local-cluster.sh's HOSTS_DIR).
 func (c *Cluster) HostsDir() string { return "/run/lockstep-hosts/" + c.Name }
 
@@ -157,6 +168,13 @@ func (f *Figures) Add(what string, d time.Duration) {
 	if f.OnAdd != nil {
 		f.OnAdd(what, d)
 	}
+}
+
+// AddText records a figure that is not a duration (a count, a rate, a size).
+func (f *Figures) AddText(what, text string) {
+	f.mu.Lock()
+	f.entries = append(f.entries, fmt.Sprintf("%-72s %s", what, text))
+	f.mu.Unlock()
 }
 
 // String is the figures under their title, sorted by what they measure.

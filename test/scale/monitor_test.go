@@ -1,0 +1,228 @@
+//go:build scale
+
+package scale
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/controllers"
+)
+
+// monitor follows every member VMI and node through watches and records each broken invariant
+// the moment it shows: a node above its FT limit, two members of a pair on one node, two members
+// of a pair labelled primary.
+type monitor struct {
+	mu      sync.Mutex
+	members map[string]memberView // namespace/name
+	nodes   map[string]nodeRoom   // limits and whether it takes members; usage is summed on demand
+	bad     []string
+	phase   string
+}
+
+type memberView struct {
+	pair, node, role string
+	vcpus            int
+	active           bool // not finished: it holds its node's capacity (also while being deleted)
+}
+
+func startMonitor(ctx context.Context, cfg *rest.Config) (*monitor, error) {
+	m := &monitor{members: map[string]memberView{}, nodes: map[string]nodeRoom{}}
+	c, err := cache.New(cfg, cache.Options{Scheme: controllers.NewScheme()})
+	if err != nil {
+		return nil, err
+	}
+	vmis, err := c.GetInformer(ctx, &virtv1.VirtualMachineInstance{})
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := c.GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := vmis.AddEventHandler(handler(m.vmi)); err != nil {
+		return nil, err
+	}
+	if _, err := nodes.AddEventHandler(handler(m.node)); err != nil {
+		return nil, err
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		return nil, fmt.Errorf("the monitor's cache did not sync")
+	}
+	return m, nil
+}
+
+// handler calls on with each object's latest state, or with gone set once it is deleted.
+func handler[T any](on func(obj T, gone bool)) toolscache.ResourceEventHandlerFuncs {
+	call := func(o any, gone bool) {
+		if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = d.Obj
+		}
+		if t, ok := o.(T); ok {
+			on(t, gone)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { call(o, false) },
+		UpdateFunc: func(_, o any) { call(o, false) },
+		DeleteFunc: func(o any) { call(o, true) },
+	}
+}
+
+func (m *monitor) vmi(v *virtv1.VirtualMachineInstance, gone bool) {
+	if v.Labels[ftv1.LabelPair] == "" {
+		return
+	}
+	key := v.Namespace + "/" + v.Name
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if gone {
+		delete(m.members, key)
+		return
+	}
+	mv := memberView{pair: v.Namespace + "/" + v.Labels[ftv1.LabelPair], node: v.Labels[ftv1.LabelNode],
+		role: v.Labels[ftv1.LabelRole], vcpus: vcpusOf(v.Spec.Domain.CPU), active: !v.IsFinal()}
+	m.members[key] = mv
+	m.checkNode(mv.node)
+	m.checkPair(mv.pair)
+}
+
+func (m *monitor) node(n *corev1.Node, gone bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if gone {
+		delete(m.nodes, n.Name)
+		return
+	}
+	r := nodeRoom{Name: n.Name, Open: nodeOpen(n), MaxMembers: defaultMaxMembers, MaxVCPUs: defaultMaxVCPUs}
+	if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVMs]); err == nil {
+		r.MaxMembers = v
+	}
+	if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVCPUs]); err == nil {
+		r.MaxVCPUs = v
+	}
+	m.nodes[n.Name] = r
+	m.checkNode(n.Name)
+}
+
+// nodeOpen: Ready, and no taint that keeps new members off.
+func nodeOpen(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+			return false
+		}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func vcpusOf(c *virtv1.CPU) int {
+	if c == nil {
+		return 1
+	}
+	return int(max(c.Sockets, 1) * max(c.Cores, 1) * max(c.Threads, 1))
+}
+
+// checkNode records the node above its limit (m.mu held).
+func (m *monitor) checkNode(name string) {
+	r, ok := m.nodes[name]
+	if !ok {
+		return
+	}
+	members, vcpus := 0, 0
+	for _, mv := range m.members {
+		if mv.node == name && mv.active {
+			members++
+			vcpus += mv.vcpus
+		}
+	}
+	if members > r.MaxMembers || vcpus > r.MaxVCPUs {
+		m.failLocked("node %s holds %d members and %d vCPUs, above its FT limit of %d and %d", name, members, vcpus, r.MaxMembers, r.MaxVCPUs)
+	}
+}
+
+// checkPair records two members of the pair on one node, or two labelled primary (m.mu held).
+func (m *monitor) checkPair(pair string) {
+	var primaries []string
+	on := map[string]string{}
+	for key, mv := range m.members {
+		if mv.pair != pair || !mv.active {
+			continue
+		}
+		if mv.role == ftv1.RolePrimary {
+			primaries = append(primaries, key)
+		}
+		if other, ok := on[mv.node]; ok && mv.node != "" {
+			m.failLocked("members %s and %s of one pair on node %s", other, key, mv.node)
+		}
+		on[mv.node] = key
+	}
+	if len(primaries) > 1 {
+		sort.Strings(primaries)
+		m.failLocked("two members of one pair labelled primary at once: %v", primaries)
+	}
+}
+
+func (m *monitor) failLocked(format string, args ...any) {
+	msg := fmt.Sprintf("[%s] ", m.phase) + fmt.Sprintf(format, args...)
+	for _, b := range m.bad {
+		if b == msg {
+			return
+		}
+	}
+	m.bad = append(m.bad, msg)
+}
+
+func (m *monitor) setPhase(p string) {
+	m.mu.Lock()
+	m.phase = p
+	m.mu.Unlock()
+}
+
+func (m *monitor) violations() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.bad...)
+}
+
+// rooms is every node with what its members use now.
+func (m *monitor) rooms() []nodeRoom {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]nodeRoom, 0, len(m.nodes))
+	use := map[string][2]int{}
+	for _, mv := range m.members {
+		if mv.active {
+			u := use[mv.node]
+			use[mv.node] = [2]int{u[0] + 1, u[1] + mv.vcpus}
+		}
+	}
+	for _, r := range m.nodes {
+		r.Members, r.VCPUs = use[r.Name][0], use[r.Name][1]
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// open says whether the node takes members, as the monitor last saw it.
+func (m *monitor) open(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.nodes[name].Open
+}
