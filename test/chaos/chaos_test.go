@@ -25,6 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
@@ -353,12 +355,9 @@ func (m *monitor) check(ctx context.Context) {
 		return // the API server is busy; look again
 	}
 	limits := map[string][2]int{}
-	for _, n := range nodeList.Items {
-		l := [2]int{maxPerVMs, maxVCPUs}
-		if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVMs]); err == nil {
-			l[0] = v
-		}
-		limits[n.Name] = l
+	for i := range nodeList.Items {
+		l, _ := member.NodeLimits(placement.Limits{MaxMembers: maxPerVMs, MaxVCPUs: maxVCPUs}, &nodeList.Items[i])
+		limits[nodeList.Items[i].Name] = [2]int{l.MaxMembers, l.MaxVCPUs}
 	}
 	type use struct{ members, vcpus int }
 	perNode := map[string]*use{}
@@ -377,7 +376,7 @@ func (m *monitor) check(ctx context.Context) {
 			perNode[node] = &use{}
 		}
 		perNode[node].members++
-		perNode[node].vcpus += vcpusOf(&v)
+		perNode[node].vcpus += member.VCPUs(&v.Spec)
 	}
 	for node, u := range perNode {
 		if l, ok := limits[node]; ok && (u.members > l[0] || u.vcpus > l[1]) {
@@ -435,13 +434,6 @@ func (m *monitor) check(ctx context.Context) {
 			m.fail("FaultTolerantVM %s is gone, but %v is left", name, leftovers(ctx, name))
 		}
 	}
-}
-
-func vcpusOf(v *virtv1.VirtualMachineInstance) int {
-	if c := v.Spec.Domain.CPU; c != nil {
-		return int(max(c.Sockets, 1) * max(c.Cores, 1) * max(c.Threads, 1))
-	}
-	return 1
 }
 
 // namesOfLeftovers lists the FaultTolerantVM names that objects the operator made belong to.

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +16,9 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
 // monitor follows every member VMI and node through watches and records each broken invariant
@@ -92,7 +94,7 @@ func (m *monitor) vmi(v *virtv1.VirtualMachineInstance, gone bool) {
 		return
 	}
 	mv := memberView{pair: v.Namespace + "/" + v.Labels[ftv1.LabelPair], node: v.Labels[ftv1.LabelNode],
-		role: v.Labels[ftv1.LabelRole], vcpus: vcpusOf(v.Spec.Domain.CPU), active: !v.IsFinal()}
+		role: v.Labels[ftv1.LabelRole], vcpus: member.VCPUs(&v.Spec), active: !v.IsFinal()}
 	m.members[key] = mv
 	m.checkNode(mv.node)
 	m.checkPair(mv.pair)
@@ -105,37 +107,15 @@ func (m *monitor) node(n *corev1.Node, gone bool) {
 		delete(m.nodes, n.Name)
 		return
 	}
-	r := nodeRoom{Name: n.Name, Open: nodeOpen(n), MaxMembers: defaultMaxMembers, MaxVCPUs: defaultMaxVCPUs}
-	if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVMs]); err == nil {
-		r.MaxMembers = v
-	}
-	if v, err := strconv.Atoi(n.Annotations[ftv1.AnnotationNodeMaxVCPUs]); err == nil {
-		r.MaxVCPUs = v
-	}
+	l, _ := member.NodeLimits(placement.Limits{MaxMembers: defaultMaxMembers, MaxVCPUs: defaultMaxVCPUs}, n)
+	r := nodeRoom{Name: n.Name, Open: nodeOpen(n), MaxMembers: l.MaxMembers, MaxVCPUs: l.MaxVCPUs}
 	m.nodes[n.Name] = r
 	m.checkNode(n.Name)
 }
 
-// nodeOpen: Ready, and no taint that keeps new members off.
+// nodeOpen: the operator may place a member there (the scale run's VMs tolerate no taint).
 func nodeOpen(n *corev1.Node) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
-			return false
-		}
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func vcpusOf(c *virtv1.CPU) int {
-	if c == nil {
-		return 1
-	}
-	return int(max(c.Sockets, 1) * max(c.Cores, 1) * max(c.Threads, 1))
+	return health.NodeAvailable(n, func(*corev1.Taint) bool { return false }) == ""
 }
 
 // checkNode records the node above its limit (m.mu held).

@@ -25,6 +25,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
 
@@ -390,7 +391,7 @@ func waitConverged(t *testing.T, k8s client.Client, mon *monitor, want int) sett
 				unsettled = append(unsettled, fmt.Sprintf("%s NotProtected: %v", f.Name, c))
 				continue
 			}
-			w := waitingVM{Name: f.Name, VCPUs: vcpusOf(f.Spec.Template.Spec.Domain.CPU)}
+			w := waitingVM{Name: f.Name, VCPUs: member.VCPUs(&f.Spec.Template.Spec)}
 			if p := f.Status.Primary; p != nil {
 				w.PrimaryNode = p.Node
 			}
