@@ -172,7 +172,9 @@ var _ = Describe("FaultTolerantVM", func() {
 			Eventually(func() int { return len(members(ns, "halt")) }, timeout, interval).Should(BeZero())
 			Expect(condition(got, ftv1.ConditionProtected).Reason).To(Equal(ftv1.ReasonHalted))
 			patchRunStrategy(ns, "halt", ftv1.RunStrategyRunning)
-			waitForState(ns, "halt", ftv1.StateProtected)
+			again := waitForState(ns, "halt", ftv1.StateProtected)
+			Expect([]string{again.Status.Primary.VMI, again.Status.Secondary.VMI}).To(Equal([]string{"halt-3", "halt-4"}),
+				"a member's name is never used twice, also once every member is gone")
 		})
 
 		It("reports RestartRequired when the template changes, and leaves the members alone", func() {

@@ -179,6 +179,7 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 			// holder that never ran, which the next reconcile finds gone and replaces.
 			next := s.record.Record
 			next.Exists, next.Holder, next.Epoch = true, p.name, s.record.Epoch+1
+			next.LastOrdinal = max(next.LastOrdinal, sec.spec.Ordinal) // both names, in the one write
 			if err := r.writeRecord(ctx, s.ftvm, s.record, next, node); err != nil {
 				return err
 			}
@@ -224,6 +225,9 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 			return nil, err
 		}
 		nm.req.AvoidDomains = []string{pn.Labels[key]}
+	}
+	if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
+		return nil, r.retryOnRace(s, err)
 	}
 	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
 		return r.create(ctx, s, nm, node)

@@ -40,7 +40,8 @@ type scope struct {
 
 	primary   *memberView
 	secondary *memberView
-	// maxOrdinal is the highest ordinal seen, so that new members get new names.
+	// maxOrdinal is the highest ordinal seen or handed out (the record keeps it), so that new
+	// members get new names.
 	maxOrdinal int
 
 	invalid        error  // the spec cannot be protected
@@ -127,6 +128,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 	if s.record, err = r.loadRecord(ctx, r.Client, ftvm); err != nil {
 		return nil, err
 	}
+	s.maxOrdinal = max(s.maxOrdinal, s.record.LastOrdinal)
 	s.now, s.grace = r.Clock.Now(), r.Config.NodeLostGrace
 	s.judgeReplication()
 	if err := r.loadOperations(ctx, s); err != nil {

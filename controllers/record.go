@@ -63,6 +63,7 @@ func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM
 	rec.LastPromoted = lease.Annotations[ftv1.AnnotationLastPromoted]
 	rec.Operation = lease.Annotations[ftv1.AnnotationOperation]
 	rec.ReservedNode = lease.Annotations[ftv1.AnnotationReservedNode]
+	rec.LastOrdinal, _ = strconv.Atoi(lease.Annotations[ftv1.AnnotationLastOrdinal])
 	if t, err := time.Parse(time.RFC3339, lease.Annotations[ftv1.AnnotationLastPromotionTime]); err == nil {
 		mt := metav1.NewTime(t)
 		rec.lastPromotion = &mt
@@ -109,6 +110,9 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	}
 	setOrDelete(lease.Annotations, ftv1.AnnotationOperation, next.Operation)
 	setOrDelete(lease.Annotations, ftv1.AnnotationReservedNode, next.ReservedNode)
+	if next.LastOrdinal > 0 {
+		lease.Annotations[ftv1.AnnotationLastOrdinal] = strconv.Itoa(next.LastOrdinal)
+	}
 	if next.Promotions != cur.Promotions {
 		lease.Annotations[ftv1.AnnotationLastPromotionTime] = r.Clock.Now().UTC().Format(time.RFC3339)
 	}
@@ -158,6 +162,17 @@ func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.
 // a decision taken from r's view may not act on fresh.
 func (r *record) movedTo(fresh *record) bool {
 	return fresh.Holder != r.Holder || fresh.Epoch != r.Epoch
+}
+
+// reserveOrdinal records, before a member of ordinal o is created, that o is handed out (see
+// ftv1.AnnotationLastOrdinal). It writes only when the record does not say so already.
+func (r *FaultTolerantVMReconciler) reserveOrdinal(ctx context.Context, s *scope, o int) error {
+	if s.record.LastOrdinal >= o {
+		return nil
+	}
+	next := s.record.Record
+	next.LastOrdinal = o
+	return r.writeRecord(ctx, s.ftvm, s.record, next, s.record.holderNode)
 }
 
 // setOrDelete sets annotation key to value, or removes it when value is "".

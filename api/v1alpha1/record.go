@@ -22,6 +22,10 @@ const (
 	// AnnotationReservedNode is the node that spec.protection Suspended keeps reserved for the
 	// pair's secondary; written before the secondary is stopped.
 	AnnotationReservedNode = "ft.lockstep.dev/reserved-node"
+	// AnnotationLastOrdinal is the highest member ordinal handed out, written before a member of
+	// that ordinal (or its disk copy) is created: a member's name names one VMI in the
+	// FaultTolerantVM's life, also after a halt or a restart from disk removed every member.
+	AnnotationLastOrdinal = "ft.lockstep.dev/last-ordinal"
 )
 
 // RecordName is the name of a pair's record (its Lease).

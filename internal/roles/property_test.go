@@ -56,12 +56,12 @@ func randomPair(r *rand.Rand) (Record, []Member) {
 			members[i].Follows = members[r.IntN(i)].Name
 		}
 	}
-	rec := Record{Exists: r.IntN(5) > 0, Epoch: int64(r.IntN(4)), Promotions: int32(r.IntN(3))}
+	rec := Record{Exists: r.IntN(5) > 0, Epoch: int64(r.IntN(4)), Promotions: int32(r.IntN(3)), LastOrdinal: len(members) + r.IntN(3)}
 	if len(members) > 0 && r.IntN(4) > 0 {
 		rec.Holder = members[r.IntN(len(members))].Name
 	}
 	if !rec.Exists {
-		rec = Record{Promotions: rec.Promotions}
+		rec = Record{Promotions: rec.Promotions, LastOrdinal: rec.LastOrdinal}
 	}
 	if rec.Holder != "" && r.IntN(2) == 0 {
 		rec.LastPromoted = rec.Holder
@@ -81,7 +81,8 @@ func labelledPrimary(members []Member) int {
 
 // TestDecideProperties: whatever the pair looks like, and wherever the decider crashes while it
 // carries out a plan, deciding again converges in one more round, counts each promotion once,
-// never labels two members primary, and never moves the record backwards.
+// never labels two members primary, never moves the record backwards, and keeps the names
+// handed out.
 func TestDecideProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range 20000 {
@@ -93,6 +94,9 @@ func TestDecideProperties(t *testing.T) {
 		}
 		if p.Record != nil && p.Record.Promotions > rec.Promotions+1 {
 			t.Fatalf("case %d: %d promotions counted at once", i, p.Record.Promotions-rec.Promotions)
+		}
+		if p.Record != nil && p.Record.LastOrdinal != rec.LastOrdinal {
+			t.Fatalf("case %d: the record's last ordinal went from %d to %d: names would be used again", i, rec.LastOrdinal, p.Record.LastOrdinal)
 		}
 		if (p.Promoted != "") != (p.Record != nil && p.Record.Promotions == rec.Promotions+1) {
 			t.Fatalf("case %d: Promoted %q does not match the count", i, p.Promoted)

@@ -78,6 +78,10 @@ type Record struct {
 	// suspended. Decide carries both over unchanged.
 	Operation    string
 	ReservedNode string
+	// LastOrdinal is the highest member ordinal handed out; a new member takes a higher one, so
+	// that a name (the key of LastPromoted and Holder) never names two members. Decide carries
+	// it over unchanged.
+	LastOrdinal int
 }
 
 // Fence is a member to fence: labelled Fenced, then deleted.
