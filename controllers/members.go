@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -149,7 +150,8 @@ func (r *FaultTolerantVMReconciler) created(ctx context.Context, s *scope, nm *n
 	r.awaitCached(ctx, nm.vmi)
 	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
 	log.FromContext(ctx).Info("created member", "vmi", nm.name, "role", nm.spec.Role, "node", nm.spec.Node)
-	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending)}}
+	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending),
+		Message: fmt.Sprintf("VMI %s was just created on node %s", nm.name, nm.spec.Node)}}
 }
 
 // cacheSyncTimeout bounds the wait for the cache to show the operator's own create.

@@ -5,9 +5,7 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -107,18 +105,8 @@ var _ = ReportAfterEach(func(r SpecReport) {
 var clockSeed = uint64(time.Now().UnixNano() % 1_000_000)
 
 func seedAndSteps() (uint64, int) {
-	seed := clockSeed
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		Expect(err).NotTo(HaveOccurred(), "CHAOS_SEED")
-		seed = v
-	}
-	steps := 40
-	if s := os.Getenv("CHAOS_STEPS"); s != "" {
-		v, err := strconv.Atoi(s)
-		Expect(err).NotTo(HaveOccurred(), "CHAOS_STEPS")
-		steps = v
-	}
+	seed, steps, err := FromEnv("CHAOS_SEED", "CHAOS_STEPS", clockSeed, 40)
+	Expect(err).NotTo(HaveOccurred())
 	return seed, steps
 }
 

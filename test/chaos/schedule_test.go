@@ -37,3 +37,29 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 		}
 	}
 }
+
+func TestFullStackScheduleIsTheSeeds(t *testing.T) {
+	a, b := FullStackSchedule(7, 100), FullStackSchedule(7, 100)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same seed gave two schedules")
+	}
+	if reflect.DeepEqual(a, FullStackSchedule(8, 100)) {
+		t.Fatal("two seeds gave one schedule")
+	}
+	seen := map[string]bool{}
+	for i, s := range a {
+		if s.N != i+1 {
+			t.Fatalf("step %d is numbered %d", i+1, s.N)
+		}
+		seen[string(s.Action)+" "+s.Target] = true
+		if (s.Action == PartitionLogging || s.Action == KillOperator) != (s.Hold > 0) {
+			t.Fatalf("step %d: %s with hold %s", s.N, s.Action, s.Hold)
+		}
+	}
+	for _, want := range []string{"kill-qemu primary", "kill-qemu secondary", "kill-lockstepd primary", "kill-lockstepd secondary",
+		"partition-logging primary", "partition-logging secondary", "kill-member-node primary", "kill-member-node secondary", "kill-operator "} {
+		if !seen[want] {
+			t.Errorf("100 steps of seed 7 have no %q", want)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/test/chaos"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
@@ -294,6 +295,27 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		setProtection(ftv1.ProtectionEnabled)
 		Expect(protected().Status.Primary.UID).To(Equal(p.UID))
 		expectServing(cl)
+	})
+
+	// Last: the seeded schedule of faults, on every part, with the client checking every reply.
+	It("holds under a seeded schedule of faults: QEMU, lockstepd, the logging link, nodes and the operator killed", func() {
+		seed, steps := fullStackSchedule()
+		schedule := chaos.FormatFullStack(seed, steps)
+		GinkgoWriter.Print(schedule)
+		fmt.Printf("full-stack chaos: seed %d, %d steps\n", seed, len(steps))
+		before := getFTVM().Status.FailoverCount
+		failovers := before
+		for _, step := range steps {
+			took := runFullStackStep(step)
+			figures.Add(fmt.Sprintf("chaos step %d, %s: fault → Protected again", step.N, strings.TrimSpace(string(step.Action)+" "+step.Target)), took)
+			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids, at or before step %d\n%s", step.N, schedule)
+			now := getFTVM().Status.FailoverCount
+			Expect(now).To(BeNumerically(">=", failovers), "the failover count went back\n%s", schedule)
+			failovers = now
+			expectServing(cl)
+		}
+		fmt.Printf("full-stack chaos: seed %d, %d steps: no violation; %d failovers; the client's last count %d\n",
+			seed, len(steps), failovers-before, cl.Last().Count)
 	})
 })
 

@@ -1,0 +1,66 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// The full-stack schedule faults the parts of one protected VM on the full-stack tier
+// (test/fullstack): its QEMUs, the lockstepd beside them, its logging link, its nodes and the
+// operator. A step names a role ("primary" or "secondary"), not a node: which node holds which
+// member changes with every failover, and the runner resolves it when the step runs. After each
+// step the runner waits until the VM is Protected again, so every step starts from a whole pair.
+const (
+	KillQEMU         Action = "kill-qemu"         // the member's QEMU dies (SIGKILL)
+	KillLockstepd    Action = "kill-lockstepd"    // the lockstepd on the member's node dies; the kubelet starts it again
+	PartitionLogging Action = "partition-logging" // the member's node loses its logging link for Hold
+	KillMemberNode   Action = "kill-member-node"  // the member's node dies (revived once the VM is Protected again)
+)
+
+// The roles a full-stack step targets.
+const (
+	TargetPrimary   = "primary"
+	TargetSecondary = "secondary"
+)
+
+// FullStackSchedule draws steps from seed: every action of the full-stack
+// tier, against either member, with the operator's kills among them.
+func FullStackSchedule(seed uint64, steps int) []Step {
+	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
+	role := func() string {
+		if r.IntN(2) == 0 {
+			return TargetPrimary
+		}
+		return TargetSecondary
+	}
+	hold := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(r.Int64N(int64(hi-lo))) }
+	out := make([]Step, 0, steps)
+	for len(out) < steps {
+		var s Step
+		switch x := r.IntN(100); {
+		case x < 25:
+			s = Step{Action: KillQEMU, Target: role()}
+		case x < 45:
+			s = Step{Action: KillLockstepd, Target: role()}
+		case x < 65:
+			s = Step{Action: PartitionLogging, Target: role(), Hold: hold(2*time.Second, 10*time.Second)}
+		case x < 85:
+			s = Step{Action: KillMemberNode, Target: role()}
+		default:
+			s = Step{Action: KillOperator, Hold: hold(500*time.Millisecond, 5*time.Second)}
+		}
+		s.N = len(out) + 1
+		out = append(out, s)
+	}
+	return out
+}
+
+// FormatFullStack is a full-stack schedule as printed in a report: the seed and steps that repeat it.
+func FormatFullStack(seed uint64, steps []Step) string {
+	out := fmt.Sprintf("full-stack chaos schedule, seed %d (FULLSTACK_CHAOS_SEED=%d FULLSTACK_CHAOS_STEPS=%d make test-fullstack repeats it):\n", seed, seed, len(steps))
+	for _, s := range steps {
+		out += "  " + s.String() + "\n"
+	}
+	return out
+}
