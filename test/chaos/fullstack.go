@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 )
 
@@ -58,9 +59,8 @@ func FullStackSchedule(seed uint64, steps int) []Step {
 
 // FormatFullStack is a full-stack schedule as printed in a report: the seed and steps that repeat it.
 func FormatFullStack(seed uint64, steps []Step) string {
-	out := fmt.Sprintf("full-stack chaos schedule, seed %d (FULLSTACK_CHAOS_SEED=%d FULLSTACK_CHAOS_STEPS=%d make test-fullstack repeats it):\n", seed, seed, len(steps))
-	for _, s := range steps {
-		out += "  " + s.String() + "\n"
-	}
-	return out
+	var b strings.Builder
+	fmt.Fprintf(&b, "full-stack chaos schedule, seed %d (FULLSTACK_CHAOS_SEED=%d FULLSTACK_CHAOS_STEPS=%d make test-fullstack repeats it):\n", seed, seed, len(steps))
+	writeSteps(&b, steps)
+	return b.String()
 }

@@ -6,8 +6,6 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -181,10 +179,15 @@ func (d *drawer) draw() Step {
 func Format(seed uint64, steps []Step) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "chaos schedule, seed %d (CHAOS_SEED=%d CHAOS_STEPS=%d make test-chaos repeats it):\n", seed, seed, len(steps))
+	writeSteps(&b, steps)
+	return b.String()
+}
+
+// writeSteps lists steps, one to a line, as a report prints them.
+func writeSteps(b *strings.Builder, steps []Step) {
 	for _, s := range steps {
 		b.WriteString("  " + s.String() + "\n")
 	}
-	return b.String()
 }
 
 func sortStrings(s []string) {
@@ -193,25 +196,4 @@ func sortStrings(s []string) {
 			s[j], s[j-1] = s[j-1], s[j]
 		}
 	}
-}
-
-// FromEnv reads a schedule's seed and length from the environment variables seedVar and
-// stepsVar; unset, they are clockSeed and defaultSteps.
-func FromEnv(seedVar, stepsVar string, clockSeed uint64, defaultSteps int) (uint64, int, error) {
-	seed, steps := clockSeed, defaultSteps
-	if s := os.Getenv(seedVar); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("%s: %w", seedVar, err)
-		}
-		seed = v
-	}
-	if s := os.Getenv(stepsVar); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil {
-			return 0, 0, fmt.Errorf("%s: %w", stepsVar, err)
-		}
-		steps = v
-	}
-	return seed, steps, nil
 }

@@ -108,9 +108,7 @@ func protectedAfter(t time.Time) *ftv1.FaultTolerantVM {
 	after := t.Truncate(time.Second).Add(time.Second)
 	return waitFor("Protected, on reports made after the fault", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 		r := f.Status.Replication
-		return f.Status.State == ftv1.StateProtected && f.Status.Primary != nil && f.Status.Secondary != nil &&
-			r != nil && r.Primary != nil && r.Secondary != nil && r.Primary.VMI == f.Status.Primary.VMI &&
-			r.Secondary.VMI == f.Status.Secondary.VMI && r.Secondary.Synchronized &&
+		return isProtected(f) && r.Primary != nil && r.Primary.VMI == f.Status.Primary.VMI &&
 			!r.Primary.ReportTime.Time.Before(after) && !r.Secondary.ReportTime.Time.Before(after)
 	})
 }

@@ -340,11 +340,14 @@ func waitFor(what string, within time.Duration, ok func(*ftv1.FaultTolerantVM) b
 
 // protected waits until the VM is Protected with a synchronized secondary.
 func protected() *ftv1.FaultTolerantVM {
-	return waitFor("Protected", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
-		r := f.Status.Replication
-		return f.Status.State == ftv1.StateProtected && f.Status.Primary != nil && f.Status.Secondary != nil &&
-			r != nil && r.Secondary != nil && r.Secondary.VMI == f.Status.Secondary.VMI && r.Secondary.Synchronized
-	})
+	return waitFor("Protected", 5*time.Minute, isProtected)
+}
+
+// isProtected: Protected, with a secondary that lockstepd reports synchronized.
+func isProtected(f *ftv1.FaultTolerantVM) bool {
+	r := f.Status.Replication
+	return f.Status.State == ftv1.StateProtected && f.Status.Primary != nil && f.Status.Secondary != nil &&
+		r != nil && r.Secondary != nil && r.Secondary.VMI == f.Status.Secondary.VMI && r.Secondary.Synchronized
 }
 
 func describe(f *ftv1.FaultTolerantVM) string {
