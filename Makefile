@@ -83,16 +83,16 @@ test: verify vet lint test-unit test-rules test-images test-envtest test-install
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	go test -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/...
+	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
-	go test -race -count=1 ./internal/arbiter/...
-	go test -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
+	hack/gotest.sh arbiter -race -count=1 ./internal/arbiter/...
+	hack/gotest.sh envtest -count=1 -timeout 20m ./controllers/... -ginkgo.v -ginkgo.timeout=20m
 
 .PHONY: test-install
 test-install: envtest-assets test-crds $(HELM) $(KUSTOMIZE) ## The install paths against a real API server: helm lint, the chart (default and non-default values) and config/default and config/prometheus by server-side dry run, and the chart and config/default installing the same.
-	go test -count=1 -timeout 10m -v ./test/install/...
+	hack/gotest.sh install -count=1 -timeout 10m -v ./test/install/...
 
 .PHONY: test-rules
 test-rules: $(PROMTOOL) ## The alert rules (config/prometheus/rules.yaml) checked and unit-tested with Prometheus's promtool.
@@ -102,7 +102,7 @@ test-rules: $(PROMTOOL) ## The alert rules (config/prometheus/rules.yaml) checke
 
 .PHONY: test-dataplane
 test-dataplane: envtest-assets test-crds ## lockstepd processes in network namespaces with Toxiproxy in the log path, kill -9, partitions, the API server cut (needs root).
-	go test -count=1 -timeout 15m -v ./test/dataplane/...
+	hack/gotest.sh dataplane -count=1 -timeout 15m -v ./test/dataplane/...
 
 .PHONY: vm-assets
 vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; about 4 minutes cold) and test guest, cached under ~/.cache/lockstep.
@@ -111,7 +111,7 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 
 .PHONY: test-vm
 test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition, lockstepd restarts.
-	go test -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
+	hack/gotest.sh vm -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
 
 .PHONY: libvirt-assets
 libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the packages are cached under ~/.cache/lockstep/libvirt).
@@ -119,19 +119,19 @@ libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the pack
 
 .PHONY: test-libvirt
 test-libvirt: vm-assets libvirt-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
-	go test -tags vmtier -count=1 -timeout 30m -run TestLibvirt -v ./test/vmtier/...
+	hack/gotest.sh libvirt -tags vmtier -count=1 -timeout 30m -run TestLibvirt -v ./test/vmtier/...
 
 .PHONY: test-e2e
 test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); E2E_KEEP=1 leaves it up.
-	go test -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
+	hack/gotest.sh e2e -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-fullstack
 test-fullstack: vm-assets libvirt-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, then a seeded schedule of faults (QEMU, lockstepd, the logging link, nodes, the operator: FULLSTACK_CHAOS_SEED, FULLSTACK_CHAOS_STEPS, default 6), with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
-	go test -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
+	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-scale
 test-scale: ## 200 FaultTolerantVMs of mixed sizes (then 40 more than fit) on 50 nodes with per-node limits, then 5 nodes killed at once: no node above its limit, never two primaries, and in the end nothing waits that fits (a check of invariants; its figures are reported, not asserted). SCALE_KEEP=1 leaves the cluster up.
-	go test -tags scale -count=1 -timeout 45m -run TestScale -v ./test/scale/
+	hack/gotest.sh scale -tags scale -count=1 -timeout 45m -run TestScale -v ./test/scale/
 
 .PHONY: bench-scale
 bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more) on 500 nodes, 50 killed at once; prints the figures (apply → Protected, operator memory and CPU, reconcile latency, API requests per VM, re-protection after the grace).
@@ -140,11 +140,11 @@ bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more) on
 
 .PHONY: test-helm
 test-helm: ## helm install, upgrade and uninstall on a local cluster of its own (lockstep-helm; HELM_KEEP=1 leaves it up).
-	go test -tags helm -count=1 -timeout 20m -v ./test/helm/... -ginkgo.v -ginkgo.timeout=20m
+	hack/gotest.sh helm -tags helm -count=1 -timeout 20m -v ./test/helm/... -ginkgo.v -ginkgo.timeout=20m
 
 .PHONY: test-chaos
 test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40); CHAOS_KEEP=1 leaves the cluster up.
-	go test -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
+	hack/gotest.sh chaos -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench
 bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip), as ratios; failover time over KILLS (50) kills; what COLO costs a VM (request/response, mail-like and bulk loads, unprotected and protected, as ratios); the COLO pair's checkpoints, bandwidth and FAILOVERS (50) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt; FULLSTACK_KILLS (20) kills of the primary's node on the full stack.
@@ -198,7 +198,7 @@ images: ## The image (operator, lockstepd, hook; non-root, no base image) as an 
 
 .PHONY: test-images
 test-images: images ## The image: its user, entrypoint and binaries, each run from the image's layer.
-	go test -count=1 -v ./test/images/...
+	hack/gotest.sh images -count=1 -v ./test/images/...
 
 .PHONY: run
 run: manifests ## Run the operator against the current kubeconfig.

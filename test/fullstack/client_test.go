@@ -4,6 +4,7 @@ package fullstack
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -35,7 +36,7 @@ func startClient(addr string) *client {
 				c.checker.Failed()
 			} else {
 				if err := c.checker.Check(r); err != nil {
-					c.violations = append(c.violations, err.Error())
+					c.violations = append(c.violations, fmt.Sprintf("%s at %s", err, r.At.Format("15:04:05.000")))
 				}
 				c.replies = append(c.replies, r)
 			}

@@ -299,6 +299,10 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 
 	// Last: the seeded schedule of faults, on every part, with the client checking every reply.
 	It("holds under a seeded schedule of faults: QEMU, lockstepd, the logging link, nodes and the operator killed", func() {
+		if cl == nil { // focused alone (-ginkgo.focus='seeded schedule'): the client starts here
+			protected()
+			cl = startClient(vmAddr)
+		}
 		seed, steps := fullStackSchedule()
 		schedule := chaos.FormatFullStack(seed, steps)
 		GinkgoWriter.Print(schedule)
@@ -308,7 +312,8 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		for _, step := range steps {
 			took := runFullStackStep(step)
 			figures.Add(fmt.Sprintf("chaos step %d, %s: fault → Protected again", step.N, strings.TrimSpace(string(step.Action)+" "+step.Target)), took)
-			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids, at or before step %d\n%s", step.N, schedule)
+			v := cl.Violations()
+			Expect(v).To(BeEmpty(), "at or before step %d (seed %d) the client saw what FT forbids: %s\n%s", step.N, seed, strings.Join(v, "; "), schedule)
 			now := getFTVM().Status.FailoverCount
 			Expect(now).To(BeNumerically(">=", failovers), "the failover count went back\n%s", schedule)
 			failovers = now
