@@ -12,7 +12,6 @@ package arbiter
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -88,37 +87,41 @@ func (a *Arbiter) holderOf(l *coordinationv1.Lease) Holder {
 // Claim makes this side the live one, if the Lease is still at epoch known: it returns the new
 // epoch. ErrLost means the other side moved the Lease first (or this side's view is stale); any
 // other error means the API server could not decide it, which the caller must treat as lost.
+//
+// The compare-and-set is on the Lease's resourceVersion, which every write moves, not only a
+// claim: the operator keeps its own annotations on the record (the ordinals it handed out, the
+// last promotion) and writes them while a side claims. So a conflict alone decides nothing: the
+// claim reads the Lease again and decides again, until the write goes through or the read says
+// who won. A conflict taken for a loss would fence the only live member of a pair whose
+// secondary had just died, because the operator writes the record when it starts the next one.
 func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
 	ctx, cancel := a.bound(ctx)
 	defer cancel()
-	lease := &coordinationv1.Lease{}
-	if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
-		return 0, err
-	}
-	epoch, write, err := engine.DecideClaim(a.holderOf(lease), a.Identity, known)
-	if !write {
-		return epoch, err
-	}
-	now := metav1.NewMicroTime(time.Now())
-	next := int32(epoch)
-	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &a.Identity, &next
-	lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
-	// Update carries the resourceVersion read above: the API server's compare-and-set.
-	err = a.Client.Update(ctx, lease)
-	if apierrors.IsConflict(err) {
-		cur, gerr := a.Current(ctx)
-		if gerr != nil {
-			return 0, gerr
+	for {
+		lease := &coordinationv1.Lease{}
+		if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
+			return 0, err
 		}
-		if cur.Identity == a.Identity && cur.Epoch == uint64(next) {
-			return cur.Epoch, nil
+		// The other side's claim, or an earlier try of this one whose answer was lost, shows
+		// here as a newer epoch: lost, or already won.
+		epoch, write, err := engine.DecideClaim(a.holderOf(lease), a.Identity, known)
+		if !write {
+			return epoch, err
 		}
-		return 0, fmt.Errorf("%w: epoch %d taken by %s first", ErrLost, cur.Epoch, cur.Identity)
+		now := metav1.NewMicroTime(time.Now())
+		next := int32(epoch)
+		lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &a.Identity, &next
+		lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
+		// Update carries the resourceVersion read above: the API server's compare-and-set.
+		err = a.Client.Update(ctx, lease)
+		if apierrors.IsConflict(err) {
+			continue // written since the read: decide again on what is there now
+		}
+		if err != nil {
+			return 0, err
+		}
+		return uint64(next), nil
 	}
-	if err != nil {
-		return 0, err
-	}
-	return uint64(next), nil
 }
 
 func (a *Arbiter) bound(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -55,6 +58,11 @@ func TestExactlyOneSideWinsEachRace(t *testing.T) {
 	if h2, err := s.Ensure(ctx); err != nil || h2.Identity != h.Identity || h2.Epoch != h.Epoch || h2.Self {
 		t.Fatalf("a second Ensure must not change the holder: %+v %v", h2, err)
 	}
+	// The operator writes its annotations on the record all the while (as it does when it starts
+	// a new secondary): a write that moves no epoch must not make both sides lose.
+	stop := make(chan struct{})
+	defer close(stop)
+	go writeAnnotations(t, "race", stop)
 	epoch := h.Epoch
 	wins := map[string]int{}
 	for round := range 40 {
@@ -91,6 +99,86 @@ func TestExactlyOneSideWinsEachRace(t *testing.T) {
 		}
 	}
 	t.Logf("wins over 40 races: %v", wins)
+}
+
+// writeAnnotations updates an annotation of Lease name until stop, as the operator does.
+func writeAnnotations(t *testing.T, name string, stop <-chan struct{}) {
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		_ = setAnnotation(c, name, strconv.Itoa(n))
+	}
+}
+
+func setAnnotation(c client.Client, name, value string) error {
+	l := &coordinationv1.Lease{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, l); err != nil {
+		return err
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations["ft.lockstep.dev/last-ordinal"] = value
+	return c.Update(context.Background(), l)
+}
+
+// TestAWriteBetweenReadAndClaimIsNoLoss: a write that lands between the claim's read and its
+// update fails the update with a conflict. When the write moved no epoch (the operator's
+// annotations), the claim still wins; when it was the other side's claim, it has lost.
+func TestAWriteBetweenReadAndClaimIsNoLoss(t *testing.T) {
+	ctx := context.Background()
+	p, s := newArbiter(t, "between", "node-1/db-1"), newArbiter(t, "between", "node-2/db-2")
+	if _, err := p.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	plain := p.Client
+	watching, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each claim's first read is followed by the write under test.
+	between := func(write func() error) *Arbiter {
+		first := true
+		c := interceptor.NewClient(watching, interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				err := c.Get(ctx, key, obj, opts...)
+				if err == nil && first {
+					first = false
+					if werr := write(); werr != nil {
+						t.Fatalf("the write between: %v", werr)
+					}
+				}
+				return err
+			},
+		})
+		a := *s
+		a.Client = c
+		return &a
+	}
+
+	a := between(func() error { return setAnnotation(plain, "between", "7") })
+	if e, err := a.Claim(ctx, 1); err != nil || e != 2 {
+		t.Fatalf("a claim across the operator's annotation write: %d %v, want epoch 2", e, err)
+	}
+	if cur, err := p.Current(ctx); err != nil || cur.Identity != "node-2/db-2" || cur.Epoch != 2 {
+		t.Fatalf("lease at %+v %v", cur, err)
+	}
+
+	a = between(func() error { _, err := p.Claim(ctx, 2); return err })
+	if _, err := a.Claim(ctx, 2); !errors.Is(err, ErrLost) {
+		t.Fatalf("a claim across the other side's claim must be lost: %v", err)
+	}
+	if cur, err := p.Current(ctx); err != nil || cur.Identity != "node-1/db-1" || cur.Epoch != 3 {
+		t.Fatalf("lease at %+v %v", cur, err)
+	}
 }
 
 func TestAStaleSideLoses(t *testing.T) {
