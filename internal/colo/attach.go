@@ -16,6 +16,9 @@ type found struct {
 	status   string // query-status: "running", "inmigrate", "paused", ...
 	mode     string // query-colo-status: "none", "primary", "secondary"
 	rewriter bool   // the secondary's filter-rewriter is there (the member was a secondary)
+	// redirectors: the secondary's packet redirectors are there: its go-live has not removed
+	// them yet (or it never went live).
+	redirectors bool
 }
 
 func inspect(ctx context.Context, q *qmp.Conn) (found, error) {
@@ -39,6 +42,7 @@ func inspect(ctx context.Context, q *qmp.Conn) (found, error) {
 	f.status, f.mode = st.Status, cs.Mode
 	for _, o := range objs {
 		f.rewriter = f.rewriter || o.Name == "rew0"
+		f.redirectors = f.redirectors || o.Name == "f1" || o.Name == "f2"
 	}
 	return f, nil
 }
@@ -48,6 +52,9 @@ func inspect(ctx context.Context, q *qmp.Conn) (found, error) {
 // restart while its members run):
 //   - a primary attaches whatever it finds; one still in COLO ends that protection in Run, once
 //     it holds the record again (the streams went with the old lockstepd);
+//   - a primary whose QEMU is still a COLO secondary, or still has a secondary's redirectors,
+//     is a secondary that won the record while an earlier lockstepd ran, which died before the
+//     go-live was done: Run finishes the go-live (the steps already done count as done);
 //   - a secondary must be a fresh one, still waiting for the migration; it is readied for COLO.
 //     One left in COLO, or running the VM without the record, can never serve: Start returns
 //     engine.ErrFenced and the agent stops it, so that the member is replaced.
@@ -88,8 +95,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.q, e.pid = q, pid
 	e.wasSecondary = f.rewriter
 	e.leftover = e.cfg.Primary && f.mode == "primary"
+	e.unfinishedGoLive = e.cfg.Primary && (f.mode == "secondary" || f.redirectors)
+	if e.unfinishedGoLive {
+		e.live = false
+	}
 	e.mu.Unlock()
-	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", pid)
+	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", pid, "unfinishedGoLive", e.unfinishedGoLive)
 	if e.cfg.Primary {
 		return nil
 	}

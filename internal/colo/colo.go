@@ -265,7 +265,8 @@ func run(ctx context.Context, q *qmp.Conn, what string, tolerateGone bool, steps
 
 // isGone reports whether QEMU refused a teardown step because its object is already gone.
 func isGone(err error) bool {
-	for _, s := range []string{"not found", "does not have", "is not enabled", "Cannot find", "No active block job"} {
+	for _, s := range []string{"not found", "does not have", "is not enabled", "Cannot find", "No active block job",
+		"NBD server not running", "VM is not in COLO mode"} {
 		if strings.Contains(err.Error(), s) {
 			return true
 		}
@@ -278,14 +279,23 @@ func isGone(err error) bool {
 // guest), and stop listening for the primary's packet streams. Its network must then be
 // attached by the caller.
 func SecondaryGoLive(ctx context.Context, q *qmp.Conn) error {
-	return run(ctx, q, "secondary go-live", false, []step{
-		{"nbd-server-stop", nil},
-		{"x-colo-lost-heartbeat", nil},
-		{"object-del", map[string]any{"id": "f2"}},
-		{"object-del", map[string]any{"id": "f1"}},
-		{"chardev-remove", map[string]any{"id": "red1"}},
-		{"chardev-remove", map[string]any{"id": "red0"}},
-	})
+	return run(ctx, q, "secondary go-live", false, secondaryGoLive)
+}
+
+// FinishSecondaryGoLive is SecondaryGoLive after an earlier lockstepd began it and died: the
+// steps it already took count as done (QEMU refuses them as "not running", "not in COLO mode",
+// "not found").
+func FinishSecondaryGoLive(ctx context.Context, q *qmp.Conn) error {
+	return run(ctx, q, "secondary go-live, finished", true, secondaryGoLive)
+}
+
+var secondaryGoLive = []step{
+	{"nbd-server-stop", nil},
+	{"x-colo-lost-heartbeat", nil},
+	{"object-del", map[string]any{"id": "f2"}},
+	{"object-del", map[string]any{"id": "f1"}},
+	{"chardev-remove", map[string]any{"id": "red1"}},
+	{"chardev-remove", map[string]any{"id": "red0"}},
 }
 
 // PrimaryGoAlone lets the primary run on without its lost secondary: drop the disk's replication

@@ -63,25 +63,28 @@ type Engine struct {
 	kick chan struct{}
 	cps  chan Checkpoint
 
-	mu           sync.Mutex
-	peer         engine.Peer
-	protecting   context.CancelFunc // ends the protection in progress
-	q            *qmp.Conn
-	pid          int  // QEMU's, as this process sees it (0: not visible)
-	leftover     bool // a primary attached to a QEMU still in COLO from an earlier lockstepd
-	live         bool // runs the VM: the primary, or a secondary that went live
-	wasSecondary bool // keeps the filter-rewriter of its secondary days
-	resync       uint64
-	resynced     uint64
-	unprotect    bool
-	protected    bool
-	streams      *pairing
-	bytesDone    uint64
-	interval     ftlog.Interval // moving average of the checkpoint intervals
-	pause        ftlog.Interval // moving average of the checkpoint pauses
-	checkpoints  uint64         // over the engine's life
-	forced       uint64         // checkpoints colo-compare asked for before the periodic one
-	causes       causeCounts    // the forced ones by the cause colo-compare gave, when it does
+	mu         sync.Mutex
+	peer       engine.Peer
+	protecting context.CancelFunc // ends the protection in progress
+	q          *qmp.Conn
+	pid        int  // QEMU's, as this process sees it (0: not visible)
+	leftover   bool // a primary attached to a QEMU still in COLO from an earlier lockstepd
+	// unfinishedGoLive: a primary attached to a secondary's QEMU whose go-live an earlier
+	// lockstepd began (it won the record) and did not finish.
+	unfinishedGoLive bool
+	live             bool // runs the VM: the primary, or a secondary that went live
+	wasSecondary     bool // keeps the filter-rewriter of its secondary days
+	resync           uint64
+	resynced         uint64
+	unprotect        bool
+	protected        bool
+	streams          *pairing
+	bytesDone        uint64
+	interval         ftlog.Interval // moving average of the checkpoint intervals
+	pause            ftlog.Interval // moving average of the checkpoint pauses
+	checkpoints      uint64         // over the engine's life
+	forced           uint64         // checkpoints colo-compare asked for before the periodic one
+	causes           causeCounts    // the forced ones by the cause colo-compare gave, when it does
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -207,20 +210,21 @@ func (e *Engine) Streams() engine.StreamStats {
 	return st
 }
 
-// Run implements engine.Engine: the side runs the VM. A secondary goes live first; a primary
-// that found an earlier protection left in its QEMU ends it (it holds the record now); then every
+// Run implements engine.Engine: the side runs the VM. A secondary goes live first (or finishes
+// the go-live an earlier lockstepd began); a primary that found an earlier protection left in
+// its QEMU ends it (it holds the record now); then every
 // Resync protects the VM with the agent's new secondary, and Unprotect lets it run on alone.
 func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 	e.mu.Lock()
-	q, live, leftover := e.q, e.live, e.leftover
-	e.leftover = false
+	q, live, leftover, resume := e.q, e.live, e.leftover, e.unfinishedGoLive
+	e.leftover, e.unfinishedGoLive = false, false
 	e.mu.Unlock()
 	if q == nil {
 		return errors.New("QEMU is not attached")
 	}
 	switch {
 	case !live:
-		if err := e.goLive(ctx, q); err != nil {
+		if err := e.goLive(ctx, q, resume); err != nil {
 			return err
 		}
 	case leftover:

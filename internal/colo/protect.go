@@ -15,9 +15,13 @@ import (
 
 // goLive makes the secondary the VM: cut the dead primary's streams, leave COLO, attach the
 // network and announce the VM's address from here.
-func (e *Engine) goLive(ctx context.Context, q *qmp.Conn) error {
+func (e *Engine) goLive(ctx context.Context, q *qmp.Conn, resume bool) error {
 	e.unpair()
-	if err := SecondaryGoLive(ctx, q); err != nil {
+	goLive := SecondaryGoLive
+	if resume {
+		goLive = FinishSecondaryGoLive
+	}
+	if err := goLive(ctx, q); err != nil {
 		return err
 	}
 	e.mu.Lock()

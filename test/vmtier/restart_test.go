@@ -47,3 +47,34 @@ func TestColoSurvivesLockstepdRestarts(t *testing.T) {
 	cl.serveFor("the side that kept the VM serves", 10*time.Second)
 	cl.checkDisk(winner)
 }
+
+// TestColoGoLiveSurvivesALockstepdCrash: the secondary's lockstepd won the pair's record (its
+// primary's node was lost) and died before its QEMU went live. The VM's only copy is that
+// secondary, still in COLO with its packet redirectors in place. The next lockstepd finds the
+// record naming the member and starts it as the primary it is: it must finish the go-live, so
+// that the VM serves the next count on the same boot with its disk holding it, not leave the
+// guest's replies redirected to a primary that is gone.
+func TestColoGoLiveSurvivesALockstepdCrash(t *testing.T) {
+	c, cl, p, s := protectedPair(t, 2, direct)
+
+	// The secondary's lockstepd dies, and at once the primary's node: the primary can release
+	// nothing more (no checkpoint reaches the secondary) and its lockstepd has no time to claim.
+	c.stopLockstepd(s.node)
+	c.crashNode(p.node)
+	lost := time.Now()
+	// What the secondary's lockstepd did before it died: it won the record at the next epoch.
+	won := c.lease.Holder().Epoch + 1
+	c.lease.Hold(s.spec.Identity, won)
+	// The next lockstepd reads the record and starts the member as the primary (lockstepd's
+	// ensureAgent does the same in a cluster).
+	s.spec.Primary = true
+	c.restartLockstepd(s.node)
+
+	at := cl.next("the secondary whose go-live a lockstepd crash interrupted serves", time.Minute)
+	t.Logf("the loss of the primary's node to the first reply, across the secondary's lockstepd restart: %s", at.Sub(lost).Round(time.Millisecond))
+	cl.serveFor("the member that finished its go-live serves", 10*time.Second)
+	cl.checkDisk(s)
+	if h := c.lease.Holder(); h.Identity != s.spec.Identity || h.Epoch < won {
+		t.Fatalf("the record: %+v, want %s at epoch %d or later", h, s.spec.Identity, won)
+	}
+}
