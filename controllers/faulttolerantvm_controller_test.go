@@ -706,6 +706,16 @@ var _ = Describe("FaultTolerantVM", func() {
 				protected, waiting = waiting, protected
 			}
 			Expect(condition(getFTVM(ns, waiting), ftv1.ConditionProtected).Reason).To(Equal(ftv1.ReasonNoEligibleNode))
+			// While it waits, its record stands still: no name is handed out for a member no node
+			// can hold (each write would also set off another reconcile, and another write).
+			record := func() string {
+				l := &coordinationv1.Lease{}
+				Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName(waiting)}, l)).To(Succeed())
+				return l.ResourceVersion + " last-ordinal=" + l.Annotations[ftv1.AnnotationLastOrdinal]
+			}
+			waitingRecord := record()
+			Expect(waitingRecord).To(HaveSuffix("last-ordinal=2"), "the names of the pair, handed out with its primary")
+			Consistently(record, 3*time.Second, interval).Should(Equal(waitingRecord))
 			Expect(k8s.Delete(ctx(), getFTVM(ns, protected))).To(Succeed())
 			waitForState(ns, waiting, ftv1.StateProtected)
 			Expect(membersOnNode(nodeName("small"))).To(Equal(1))

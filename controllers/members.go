@@ -228,12 +228,17 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		}
 		nm.req.AvoidDomains = []string{pn.Labels[key]}
 	}
-	if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
-		return nil, r.retryOnRace(s, err)
-	}
 	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
+		// The name is handed out only once a node holds the member: a VM that waits for room
+		// neither writes its record at every try nor spends a name at each.
+		if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
+			return err
+		}
 		return r.create(ctx, s, nm, node)
 	})
+	if apierrors.IsConflict(err) {
+		return nil, r.retryOnRace(s, err) // the record moved on since this reconcile read it
+	}
 	if apierrors.IsAlreadyExists(err) {
 		// The cache trails our own earlier create; the next reconcile sees the member.
 		s.requeueWithin(time.Second)
