@@ -81,6 +81,13 @@ func runFullStackStep(step chaos.Step) time.Duration {
 // qemuPID is the pid of the QEMU that runs member vmi: the one whose guest name is the domain's
 // (the double names domains <namespace>_<vmi>, as KubeVirt does).
 func qemuPID(vmi string) int {
+	found := qemuPIDs(vmi)
+	ExpectWithOffset(1, found).To(HaveLen(1), "the QEMU of %s", vmi)
+	return found[0]
+}
+
+// qemuPIDs are the pids of the QEMUs whose guest name is member vmi's domain.
+func qemuPIDs(vmi string) []int {
 	want := "guest=default_" + vmi + ","
 	var found []int
 	entries, err := os.ReadDir("/proc")
@@ -98,18 +105,21 @@ func qemuPID(vmi string) int {
 			found = append(found, pid)
 		}
 	}
-	ExpectWithOffset(1, found).To(HaveLen(1), "the QEMU of %s", vmi)
-	return found[0]
+	return found
 }
 
 // protectedAfter waits until the VM is Protected with a synchronized secondary, on reports of
-// both sides made after t (report times have whole seconds).
+// both sides made after t (report times have whole seconds), and both members' QEMUs run. The
+// status alone is not enough: while a killed operator waits for its leader lease (about 15 s),
+// the state it wrote before the fault stands, and the next fault would find the pair not whole.
 func protectedAfter(t time.Time) *ftv1.FaultTolerantVM {
 	after := t.Truncate(time.Second).Add(time.Second)
-	return waitFor("Protected, on reports made after the fault", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+	return waitFor("Protected, on reports made after the fault, with both members' QEMUs running", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 		r := f.Status.Replication
 		return isProtected(f) && r.Primary != nil && r.Primary.VMI == f.Status.Primary.VMI &&
-			!r.Primary.ReportTime.Time.Before(after) && !r.Secondary.ReportTime.Time.Before(after)
+			!r.Primary.ReportTime.Time.Before(after) && !r.Secondary.ReportTime.Time.Before(after) &&
+			len(qemuPIDs(f.Status.Primary.VMI)) == 1 && len(qemuPIDs(f.Status.Secondary.VMI)) == 1 &&
+			memberExists(f.Status.Primary.VMI) && memberExists(f.Status.Secondary.VMI)
 	})
 }
 
