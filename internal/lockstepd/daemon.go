@@ -376,9 +376,13 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 	if !st.LastHeard.IsZero() {
 		side.LastHeartbeatTime = &metav1.Time{Time: st.LastHeard}
 	}
+	sp, err := sidePatch(side)
+	if err != nil {
+		return err
+	}
 	status := map[string]any{}
 	if st.RunsVM || m.Spec.Primary {
-		repl := map[string]any{"primary": side}
+		repl := map[string]any{"primary": sp}
 		if !m.Spec.Primary && !prev.RunsVM {
 			repl["secondary"] = nil // this side's report as the secondary it no longer is
 		}
@@ -392,7 +396,7 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 			status[k] = v
 		}
 	} else {
-		status["replication"] = map[string]any{"secondary": side}
+		status["replication"] = map[string]any{"secondary": sp}
 	}
 	patch, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
