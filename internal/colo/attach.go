@@ -95,12 +95,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.q, e.pid = q, pid
 	e.wasSecondary = f.rewriter
 	e.leftover = e.cfg.Primary && f.mode == "primary"
-	e.unfinishedGoLive = e.cfg.Primary && (f.mode == "secondary" || f.redirectors)
-	if e.unfinishedGoLive {
-		e.live = false
+	unfinishedGoLive := e.cfg.Primary && (f.mode == "secondary" || f.redirectors)
+	if unfinishedGoLive {
+		e.live = false // Run finishes the go-live
 	}
 	e.mu.Unlock()
-	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", pid, "unfinishedGoLive", e.unfinishedGoLive)
+	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "pid", pid, "unfinishedGoLive", unfinishedGoLive)
 	if e.cfg.Primary {
 		return nil
 	}

@@ -69,22 +69,21 @@ type Engine struct {
 	q          *qmp.Conn
 	pid        int  // QEMU's, as this process sees it (0: not visible)
 	leftover   bool // a primary attached to a QEMU still in COLO from an earlier lockstepd
-	// unfinishedGoLive: a primary attached to a secondary's QEMU whose go-live an earlier
-	// lockstepd began (it won the record) and did not finish.
-	unfinishedGoLive bool
-	live             bool // runs the VM: the primary, or a secondary that went live
-	wasSecondary     bool // keeps the filter-rewriter of its secondary days
-	resync           uint64
-	resynced         uint64
-	unprotect        bool
-	protected        bool
-	streams          *pairing
-	bytesDone        uint64
-	interval         ftlog.Interval // moving average of the checkpoint intervals
-	pause            ftlog.Interval // moving average of the checkpoint pauses
-	checkpoints      uint64         // over the engine's life
-	forced           uint64         // checkpoints colo-compare asked for before the periodic one
-	causes           causeCounts    // the forced ones by the cause colo-compare gave, when it does
+	// live: runs the VM (the primary, or a secondary that went live). A primary that is not live
+	// is a secondary whose go-live an earlier lockstepd began (it won the record) and did not finish.
+	live         bool
+	wasSecondary bool // keeps the filter-rewriter of its secondary days
+	resync       uint64
+	resynced     uint64
+	unprotect    bool
+	protected    bool
+	streams      *pairing
+	bytesDone    uint64
+	interval     ftlog.Interval // moving average of the checkpoint intervals
+	pause        ftlog.Interval // moving average of the checkpoint pauses
+	checkpoints  uint64         // over the engine's life
+	forced       uint64         // checkpoints colo-compare asked for before the periodic one
+	causes       causeCounts    // the forced ones by the cause colo-compare gave, when it does
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -216,15 +215,15 @@ func (e *Engine) Streams() engine.StreamStats {
 // Resync protects the VM with the agent's new secondary, and Unprotect lets it run on alone.
 func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 	e.mu.Lock()
-	q, live, leftover, resume := e.q, e.live, e.leftover, e.unfinishedGoLive
-	e.leftover, e.unfinishedGoLive = false, false
+	q, live, leftover := e.q, e.live, e.leftover
+	e.leftover = false
 	e.mu.Unlock()
 	if q == nil {
 		return errors.New("QEMU is not attached")
 	}
 	switch {
 	case !live:
-		if err := e.goLive(ctx, q, resume); err != nil {
+		if err := e.goLive(ctx, q, e.cfg.Primary); err != nil {
 			return err
 		}
 	case leftover:

@@ -15,6 +15,7 @@ import (
 
 // goLive makes the secondary the VM: cut the dead primary's streams, leave COLO, attach the
 // network and announce the VM's address from here.
+// resume: an earlier lockstepd began it (see Engine.live).
 func (e *Engine) goLive(ctx context.Context, q *qmp.Conn, resume bool) error {
 	e.unpair()
 	goLive := SecondaryGoLive
