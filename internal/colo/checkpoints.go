@@ -22,13 +22,13 @@ type Checkpoint struct {
 	// N counts the pair's checkpoints from 1.
 	N uint64
 	// Pause is how long the primary's VM stood still: from the secondary's reply to the request
-	// (the primary stops its VM on it) to the secondary's report that it loaded the state (the
-	// primary resumes on it).
+	// (the primary stops its VM on it) to the secondary's report that it received the whole
+	// state (lockstep's QEMU resumes the primary on it: hack/qemu/colo-resume-on-state-received.patch).
+	// It covers stopping the VM, saving the state and sending it.
 	Pause time.Duration
-	// Load is the part of the pause that the secondary took to load the state once it had it all
-	// (its RAM cache flushed into the VM, its disk's checkpoint taken): from its report of the
-	// state received to its report of the state loaded. The rest of the pause is the primary's:
-	// stopping its VM, saving the state and sending it.
+	// Load is how long the secondary then took to load the state (its RAM cache flushed into the
+	// VM, its disk's checkpoint taken), while the primary ran again: from its report of the state
+	// received to its report of the state loaded. The next checkpoint cannot begin before it.
 	Load time.Duration
 	// Interval is the time since the previous checkpoint ended (zero for the first).
 	Interval time.Duration
@@ -107,7 +107,7 @@ func (c *Checkpoints) message(m uint32) {
 		c.committed = now
 	case msgVMStateLoaded:
 		c.n++
-		cp := Checkpoint{N: c.n, Pause: now.Sub(c.replyAt), Load: now.Sub(c.committed), Committed: c.committed, At: now}
+		cp := Checkpoint{N: c.n, Pause: c.committed.Sub(c.replyAt), Load: now.Sub(c.committed), Committed: c.committed, At: now}
 		if !c.lastEnd.IsZero() {
 			cp.Interval = now.Sub(c.lastEnd)
 		}

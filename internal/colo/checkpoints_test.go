@@ -32,17 +32,17 @@ func TestCheckpointsTimesPausesAndIntervals(t *testing.T) {
 	}
 	feed(100*time.Millisecond, msgCheckpointReply)
 	feed(30*time.Millisecond, msgVMStateReceived)
-	feed(10*time.Millisecond, msgVMStateLoaded) // pause 40ms
+	feed(10*time.Millisecond, msgVMStateLoaded) // pause 30ms, load 10ms
 	feed(2*time.Second, msgCheckpointReply)
 	feed(50*time.Millisecond, msgVMStateReceived)
-	feed(20*time.Millisecond, msgVMStateLoaded) // pause 70ms, interval 2.07s
+	feed(20*time.Millisecond, msgVMStateLoaded) // pause 50ms, load 20ms, interval 2.07s
 	if len(got) != 2 {
 		t.Fatalf("%d checkpoints, want 2", len(got))
 	}
-	if got[0].N != 1 || got[0].Pause != 40*time.Millisecond || got[0].Load != 10*time.Millisecond || got[0].Interval != 0 {
+	if got[0].N != 1 || got[0].Pause != 30*time.Millisecond || got[0].Load != 10*time.Millisecond || got[0].Interval != 0 {
 		t.Errorf("first checkpoint %+v", got[0])
 	}
-	if got[1].N != 2 || got[1].Pause != 70*time.Millisecond || got[1].Load != 20*time.Millisecond || got[1].Interval != 2070*time.Millisecond {
+	if got[1].N != 2 || got[1].Pause != 50*time.Millisecond || got[1].Load != 20*time.Millisecond || got[1].Interval != 2070*time.Millisecond {
 		t.Errorf("second checkpoint %+v", got[1])
 	}
 	if !got[1].Committed.Before(got[1].At) || got[1].At.Sub(got[1].Committed) != 20*time.Millisecond {

@@ -127,7 +127,7 @@ func (w window) causes() string {
 // pauses says how long the primary's VM stood still, and how much of that was the secondary's.
 func (w window) pauses() string {
 	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
-	return fmt.Sprintf("pause p50 %s p90 %s (the secondary's load p50 %s p90 %s)", r(w.pauseP50), r(w.pauseP90), r(w.loadP50), r(w.loadP90))
+	return fmt.Sprintf("pause p50 %s p90 %s (then the secondary's load, the primary running: p50 %s p90 %s)", r(w.pauseP50), r(w.pauseP90), r(w.loadP50), r(w.loadP90))
 }
 
 // measure runs work (if any) over and over for d and reads the primary's checkpoints and
