@@ -2,7 +2,8 @@
 # A local cluster for end-to-end tests and the demo: a real kube-apiserver, etcd,
 # kube-controller-manager and kube-scheduler (built from source by build-k8s-binaries.sh) with
 # kwok-simulated nodes, run by kwokctl's binary runtime; the KubeVirt, NAD, cert-manager and
-# monitoring CRDs; the lockstep operator running as a process with its own ServiceAccount's RBAC;
+# monitoring CRDs; the lockstep operator running as a process with its own ServiceAccount's RBAC
+# (and, as root, in a memory cgroup with its Deployment's memory limit);
 # and the KubeVirt TEST DOUBLE (test/kubevirtdouble), the only fake in the loop. Nothing is
 # downloaded but Go modules (and, with FULL_STACK=1, the Debian packages hack/ pins).
 #
@@ -196,8 +197,57 @@ start() {
     *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
   esac
   echo "--- $(date -u +%FT%TZ) start: ${cmd[*]}" >>"$RUN_DIR/$1.log"
-  setsid "${cmd[@]}" </dev/null >>"$RUN_DIR/$1.log" 2>&1 &
+  local cg=""
+  if [ "$1" = operator ]; then cg="$(memory_cgroup operator "$(operator_memory_limit)")"; fi
+  if [ -n "$cg" ]; then
+    echo "--- in memory cgroup $cg (limit $(operator_memory_limit))" >>"$RUN_DIR/$1.log"
+    # shellcheck disable=SC2016 # $$ and $@ are the inner shell's
+    setsid sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "${cmd[@]}" </dev/null >>"$RUN_DIR/$1.log" 2>&1 &
+  else
+    setsid "${cmd[@]}" </dev/null >>"$RUN_DIR/$1.log" 2>&1 &
+  fi
   echo $! >"$RUN_DIR/$1.pid"
+}
+
+# operator_memory_limit: the memory limit of the operator's Deployment (the chart's, read back
+# from the API, or config/manager's), as Kubernetes writes it (256Mi).
+operator_memory_limit() {
+  if helm_install; then
+    kubectl -n lockstep-system get deployment lockstep-operator \
+      -o jsonpath='{.spec.template.spec.containers[0].resources.limits.memory}'
+  else
+    sed -n 's/.*limits: *{ *memory: *\([0-9A-Za-z]*\) *}.*/\1/p' "$ROOT/config/manager/manager.yaml" | head -1
+  fi
+}
+
+# memory_cgroup NAME LIMIT: a memory cgroup of the cluster's own (cgroup v1 or v2) limited to
+# LIMIT, for a process that runs in a container with that limit in a cluster: the container
+# runtime would put it in one, the process reads its limit there, and the kernel enforces it.
+# Prints its path, or nothing (with a note on stderr) where none can be made: not root, no
+# memory controller, or no limit.
+memory_cgroup() {
+  local bytes dir
+  [ -n "$2" ] && [ "$(id -u)" = 0 ] || return 0
+  bytes="$(numfmt --from=iec-i "$2" 2>/dev/null || numfmt --from=si "$2" 2>/dev/null || true)"
+  [ -n "$bytes" ] || { echo ">> no memory cgroup for $1: cannot read the limit '$2'" >&2; return 0; }
+  if [ -d /sys/fs/cgroup/memory ]; then # cgroup v1
+    dir="/sys/fs/cgroup/memory$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)/lockstep-$NAME-$1"
+    dir="${dir//\/\//\/}"
+    mkdir -p "$dir" && echo "$bytes" >"$dir/memory.limit_in_bytes" && echo "$dir" && return 0
+  elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then # cgroup v2
+    dir="/sys/fs/cgroup/lockstep-$NAME-$1"
+    mkdir -p "$dir" && echo "$bytes" >"$dir/memory.max" && echo "$dir" && return 0
+  fi
+  echo ">> no memory cgroup for $1 on this machine: it runs without its limit" >&2
+}
+
+# remove_memory_cgroup NAME: the cgroup memory_cgroup made, once its process is gone.
+remove_memory_cgroup() {
+  local dir
+  for dir in /sys/fs/cgroup/memory/lockstep-"$NAME-$1" /sys/fs/cgroup/memory/*/lockstep-"$NAME-$1" \
+    /sys/fs/cgroup/memory/*/*/lockstep-"$NAME-$1" /sys/fs/cgroup/lockstep-"$NAME-$1"; do
+    [ -d "$dir" ] && rmdir "$dir" 2>/dev/null || true
+  done
 }
 
 # pid_of NAME: the pid of a process of the cluster: operator, kubevirt-double, or one of kwokctl's
@@ -223,6 +273,11 @@ stop() {
   done
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$RUN_DIR/$1.pid"
+  for _ in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  remove_memory_cgroup "$1"
 }
 
 # add_node NAME ZONE: a kwok node with realistic capacity.

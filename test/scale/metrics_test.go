@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -122,28 +123,120 @@ func quantile(q float64, name string, before, after samples, with ...string) tim
 	return 0
 }
 
-// usage is what a process used: its peak resident memory and its CPU time so far.
+// usage is what a process used: its peak resident memory, the peak of its anonymous part (its
+// heap and stacks, sampled while the run went on: the resident figure also counts the binary's
+// pages mapped from the page cache), its CPU time so far, and the memory limit of its cgroup, if
+// it runs in one with a limit (hack/local-cluster.sh gives the operator its Deployment's).
 type usage struct {
-	peakRSS int64 // bytes
-	cpu     time.Duration
+	peakRSS  int64 // bytes
+	peakAnon int64 // bytes; zero when not sampled
+	cpu      time.Duration
+	// limit is zero outside a limited memory cgroup.
+	limit int64
 }
 
 func (u usage) String() string {
-	return fmt.Sprintf("peak %d MiB, %.1f CPU seconds", u.peakRSS>>20, u.cpu.Seconds())
+	s := fmt.Sprintf("peak %d MiB", u.peakRSS>>20)
+	if u.peakAnon > 0 {
+		s += fmt.Sprintf(" (anonymous %d MiB)", u.peakAnon>>20)
+	}
+	if u.limit > 0 {
+		s += fmt.Sprintf(" under a %d MiB cgroup limit", u.limit>>20)
+	}
+	return s + fmt.Sprintf(", %.1f CPU seconds", u.cpu.Seconds())
+}
+
+// memoryLimit reads the limit of the process's memory cgroup (v1 limit_in_bytes, v2
+// memory.max); zero when it has none of its own.
+func memoryLimit(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return 0
+	}
+	read := func(path string) int64 {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	var limit int64
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch {
+		case f[1] == "memory":
+			limit = read("/sys/fs/cgroup/memory" + f[2] + "/memory.limit_in_bytes")
+		case f[0] == "0" && f[1] == "" && limit == 0:
+			limit = read("/sys/fs/cgroup" + f[2] + "/memory.max")
+		}
+	}
+	// An unlimited cgroup reads as a huge number (v1) or "max" (v2, parsed as 0).
+	if limit >= 1<<50 {
+		return 0
+	}
+	return limit
+}
+
+// anonSampler keeps the peak of a process's anonymous resident memory (RssAnon), read every
+// 100 ms until stop.
+type anonSampler struct {
+	peak atomic.Int64
+	stop chan struct{}
+	done chan struct{}
+}
+
+func sampleAnon(pid int) *anonSampler {
+	a := &anonSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if n := statusField(pid, "RssAnon:"); n > a.peak.Load() {
+				a.peak.Store(n)
+			}
+			select {
+			case <-a.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return a
+}
+
+// Peak stops the sampling and returns the peak seen.
+func (a *anonSampler) Peak() int64 {
+	close(a.stop)
+	<-a.done
+	return a.peak.Load()
+}
+
+// statusField reads a size field of /proc/PID/status (in kB there) in bytes; 0 if absent.
+func statusField(pid int, name string) int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 func usageOf(pid int) (usage, error) {
 	var u usage
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 		return u, err
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			u.peakRSS = kb << 10
-		}
-	}
+	u.peakRSS = statusField(pid, "VmHWM:")
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return u, err
@@ -158,5 +251,6 @@ func usageOf(pid int) (usage, error) {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
+	u.limit = memoryLimit(pid)
 	return u, nil
 }

@@ -170,6 +170,11 @@ func TestScale(t *testing.T) {
 	}
 	start := metrics()
 	cpu0 := operator().cpu
+	operatorPID, err := lc.PID("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon := sampleAnon(operatorPID)
 
 	// Phase 1: the FaultTolerantVMs, all at once.
 	mon.setPhase("apply")
@@ -255,6 +260,7 @@ func TestScale(t *testing.T) {
 
 	end := metrics()
 	u := operator()
+	u.peakAnon = anon.Peak()
 	figures.AddText("the operator", fmt.Sprintf("%s (%.1f in the run)", u, (u.cpu-cpu0).Seconds()))
 	if pid, err := lc.PID("kube-apiserver"); err == nil {
 		if au, err := usageOf(pid); err == nil {
