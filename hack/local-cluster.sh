@@ -197,10 +197,14 @@ start() {
     *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
   esac
   echo "--- $(date -u +%FT%TZ) start: ${cmd[*]}" >>"$RUN_DIR/$1.log"
-  local cg=""
-  if [ "$1" = operator ]; then cg="$(memory_cgroup operator "$(operator_memory_limit)")"; fi
+  local cg="" limit
+  if [ "$1" = operator ]; then
+    limit="$(operator_memory_limit)"
+    cg="$(memory_cgroup operator "$limit")"
+  fi
   if [ -n "$cg" ]; then
-    echo "--- in memory cgroup $cg (limit $(operator_memory_limit))" >>"$RUN_DIR/$1.log"
+    echo "$cg" >"$RUN_DIR/$1.cgroup"
+    echo "--- in memory cgroup $cg (limit $limit)" >>"$RUN_DIR/$1.log"
     # shellcheck disable=SC2016 # $$ and $@ are the inner shell's
     setsid sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "${cmd[@]}" </dev/null >>"$RUN_DIR/$1.log" 2>&1 &
   else
@@ -241,13 +245,12 @@ memory_cgroup() {
   echo ">> no memory cgroup for $1 on this machine: it runs without its limit" >&2
 }
 
-# remove_memory_cgroup NAME: the cgroup memory_cgroup made, once its process is gone.
+# remove_memory_cgroup NAME: the cgroup that start put the process in, once the process is gone.
 remove_memory_cgroup() {
-  local dir
-  for dir in /sys/fs/cgroup/memory/lockstep-"$NAME-$1" /sys/fs/cgroup/memory/*/lockstep-"$NAME-$1" \
-    /sys/fs/cgroup/memory/*/*/lockstep-"$NAME-$1" /sys/fs/cgroup/lockstep-"$NAME-$1"; do
-    [ -d "$dir" ] && rmdir "$dir" 2>/dev/null || true
-  done
+  local f="$RUN_DIR/$1.cgroup"
+  [ -f "$f" ] || return 0
+  rmdir "$(cat "$f")" 2>/dev/null || true
+  rm -f "$f"
 }
 
 # pid_of NAME: the pid of a process of the cluster: operator, kubevirt-double, or one of kwokctl's

@@ -76,10 +76,10 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	setupLog := ctrl.Log.WithName("setup")
 	// The Go runtime does not know the container's memory limit: it lets the heap grow to twice
-	// what is live before it collects, which at a thousand FaultTolerantVMs crossed the 256 MiB
-	// limit of the operator's Deployment although much less was live. A soft limit of 90 % of the
-	// cgroup's makes it collect harder instead (docs/operator.md, "Scale"). GOMEMLIMIT, when set,
-	// wins; with no cgroup limit nothing changes.
+	// what is live before it collects, and the kernel kills a container that reaches its limit.
+	// A soft limit of 90 % of the cgroup's makes the runtime collect harder near it instead
+	// (docs/operator.md, "Flags"). GOMEMLIMIT, when set, wins; with no cgroup limit nothing
+	// changes.
 	if _, err := memlimit.Set(memlimit.WithLogger(slog.New(logr.ToSlogHandler(setupLog)))); err != nil {
 		setupLog.Error(err, "reading the container's memory limit; going on without a soft limit")
 	}
