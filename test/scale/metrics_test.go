@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -184,7 +183,7 @@ func memoryLimit(pid int) int64 {
 // anonSampler keeps the peak of a process's anonymous resident memory (RssAnon), read every
 // 100 ms until stop.
 type anonSampler struct {
-	peak atomic.Int64
+	peak int64 // written by the sampling goroutine only; read once done is closed
 	stop chan struct{}
 	done chan struct{}
 }
@@ -196,9 +195,7 @@ func sampleAnon(pid int) *anonSampler {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			if n := statusField(pid, "RssAnon:"); n > a.peak.Load() {
-				a.peak.Store(n)
-			}
+			a.peak = max(a.peak, statusField(pid, "RssAnon:"))
 			select {
 			case <-a.stop:
 				return
@@ -213,7 +210,7 @@ func sampleAnon(pid int) *anonSampler {
 func (a *anonSampler) Peak() int64 {
 	close(a.stop)
 	<-a.done
-	return a.peak.Load()
+	return a.peak
 }
 
 // statusField reads a size field of /proc/PID/status (in kB there) in bytes; 0 if absent.

@@ -150,12 +150,12 @@ func TestScale(t *testing.T) {
 	if err := k8s.Create(ctx, localcluster.LoggingNetwork(namespace)); err != nil {
 		t.Fatal(err)
 	}
+	operatorPID, err := lc.PID("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
 	operator := func() usage {
-		pid, err := lc.PID("operator")
-		if err != nil {
-			t.Fatal(err)
-		}
-		u, err := usageOf(pid)
+		u, err := usageOf(operatorPID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,10 +170,6 @@ func TestScale(t *testing.T) {
 	}
 	start := metrics()
 	cpu0 := operator().cpu
-	operatorPID, err := lc.PID("operator")
-	if err != nil {
-		t.Fatal(err)
-	}
 	anon := sampleAnon(operatorPID)
 
 	// Phase 1: the FaultTolerantVMs, all at once.

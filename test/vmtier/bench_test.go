@@ -124,7 +124,8 @@ func (w window) causes() string {
 	return fmt.Sprintf("%d forced on a mismatch, %d on a timeout", w.onMismatch, w.onTimeout)
 }
 
-// pauses says how long the primary's VM stood still, and how much of that was the secondary's.
+// pauses says how long the primary's VM stood still, and how long the secondary then took to load
+// the checkpoint while the primary ran.
 func (w window) pauses() string {
 	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
 	return fmt.Sprintf("pause p50 %s p90 %s (then the secondary's load, the primary running: p50 %s p90 %s)", r(w.pauseP50), r(w.pauseP90), r(w.loadP50), r(w.loadP90))
