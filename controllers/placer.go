@@ -22,15 +22,16 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
-// Placer chooses nodes for new members and creates them, one at a time.
+// Placer chooses nodes for new members, one decision at a time, and creates them.
 //
 // The FT limit must hold while many FaultTolerantVMs reconcile at once and while the informer
-// cache trails the API server. So placement is a critical section: the Placer holds a mutex from
-// reading the cluster until the member is created, and remembers each member it created until
-// the cache shows it (an assume cache, as in kube-scheduler). Every decision therefore sees every
-// earlier one. The operator runs with leader election, so one Placer decides for the cluster.
-// Members are pinned to their node and carry required anti-affinity, so the scheduler enforces
-// the same decision.
+// cache trails the API server. So each decision is a critical section: the Placer holds a mutex
+// while it reads the cluster and chooses, and before it lets go it assumes the member on its
+// node (an assume cache, as in kube-scheduler). It remembers the member until the cache shows it,
+// or until its create fails. Every decision therefore counts every earlier one, while the
+// creates themselves, a few API requests each, run outside the mutex and side by side. The
+// operator runs with leader election, so one Placer decides for the cluster. Members are pinned
+// to their node and carry required anti-affinity, so the scheduler enforces the same decision.
 type Placer struct {
 	// Reader is the cache.
 	Reader client.Reader
@@ -49,27 +50,31 @@ type assumedMember struct {
 	node   string
 	member placement.Member
 	at     time.Time
+	// creating: its create is in flight, so it is counted as it is.
+	creating bool
 }
 
 // PlaceAndCreate finds a node for req among the nodes that fit the VM's scheduling constraints,
 // and calls create with it. It returns the node, or a *placement.NoEligibleNodeError.
 func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
 	topologyKey string, key types.NamespacedName, create func(node string) error) (string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	nodes, err := p.view(ctx, vm, topologyKey)
+	node, err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) (string, error) {
+		node, err := placement.Place(nodes, req)
+		if err != nil {
+			p.noNode(ctx, nodes, req)
+			return "", err
+		}
+		p.assume(key, node, req)
+		return node, nil
+	})
 	if err != nil {
 		return "", err
 	}
-	node, err := placement.Place(nodes, req)
+	err = create(node)
+	p.createDone(key, err)
 	if err != nil {
-		p.noNode(ctx, nodes, req)
 		return "", err
 	}
-	if err := create(node); err != nil {
-		return "", err
-	}
-	p.assume(key, node, req)
 	return node, nil
 }
 
@@ -79,41 +84,78 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 // primary was created whenever Placement.Primary is set.
 func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
 	topologyKey string, primaryKey, secondaryKey types.NamespacedName, createPrimary, createSecondary func(node string) error) (placement.PairPlacement, error) {
+	var pp placement.PairPlacement
+	_, err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) (string, error) {
+		var err error
+		if pp, err = placement.PlacePair(nodes, primary, secondary, topologyKey != ""); err != nil {
+			p.noNode(ctx, nodes, primary)
+			return "", err
+		}
+		if pp.SecondaryErr != nil {
+			p.noNode(ctx, nodes, secondary)
+		}
+		p.assume(primaryKey, pp.Primary, primary)
+		if pp.Secondary != "" {
+			p.assume(secondaryKey, pp.Secondary, secondary)
+		}
+		return pp.Primary, nil
+	})
+	if err != nil {
+		return placement.PairPlacement{}, err
+	}
+	err = createPrimary(pp.Primary)
+	p.createDone(primaryKey, err)
+	if err != nil {
+		p.createDone(secondaryKey, err) // never created
+		return placement.PairPlacement{}, err
+	}
+	if pp.Secondary == "" {
+		return pp, nil
+	}
+	err = createSecondary(pp.Secondary)
+	p.createDone(secondaryKey, err)
+	if err != nil {
+		pp.Secondary = ""
+		return pp, err
+	}
+	return pp, nil
+}
+
+// decide runs choose on the cluster as placement sees it, inside the critical section; choose
+// assumes what it places.
+func (p *Placer) decide(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string,
+	choose func([]placement.Node) (string, error)) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	nodes, err := p.view(ctx, vm, topologyKey)
 	if err != nil {
-		return placement.PairPlacement{}, err
+		return "", err
 	}
-	pp, err := placement.PlacePair(nodes, primary, secondary, topologyKey != "")
-	if err != nil {
-		p.noNode(ctx, nodes, primary)
-		return placement.PairPlacement{}, err
-	}
-	if pp.SecondaryErr != nil {
-		p.noNode(ctx, nodes, secondary)
-	}
-	if err := createPrimary(pp.Primary); err != nil {
-		return placement.PairPlacement{}, err
-	}
-	p.assume(primaryKey, pp.Primary, primary)
-	if pp.Secondary == "" {
-		return pp, nil
-	}
-	if err := createSecondary(pp.Secondary); err != nil {
-		pp.Secondary = ""
-		return pp, err
-	}
-	p.assume(secondaryKey, pp.Secondary, secondary)
-	return pp, nil
+	return choose(nodes)
 }
 
-// assume remembers a member just created until the cache shows it.
+// createDone settles an assumed member once its create returned: it is counted until the cache
+// shows it, or forgotten when it was not created.
+func (p *Placer) createDone(key types.NamespacedName, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, ok := p.assumed[key]
+	switch {
+	case !ok: // the cache shows it already
+	case err != nil:
+		delete(p.assumed, key)
+	default:
+		a.creating, a.at = false, time.Now()
+		p.assumed[key] = a
+	}
+}
+
+// assume counts a member placed on node from the decision on, while it is created.
 func (p *Placer) assume(key types.NamespacedName, node string, req placement.Request) {
 	if p.assumed == nil {
 		p.assumed = map[types.NamespacedName]assumedMember{}
 	}
-	p.assumed[key] = assumedMember{node: node, at: time.Now(),
+	p.assumed[key] = assumedMember{node: node, at: time.Now(), creating: true,
 		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
 }
 
@@ -182,17 +224,23 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 		return nil, err
 	}
 	for k, a := range p.assumed {
-		if seen[k] || time.Since(a.at) > p.AssumeTTL {
-			delete(p.assumed, k)
+		switch {
+		case seen[k]:
+			delete(p.assumed, k) // the cache counts it now
 			continue
-		}
-		err := p.APIReader.Get(ctx, k, &virtv1.VirtualMachineInstance{})
-		if apierrors.IsNotFound(err) {
-			delete(p.assumed, k) // created and deleted before the cache saw it
+		case time.Since(a.at) > p.AssumeTTL:
+			delete(p.assumed, k) // never shown, or a create that never returned
 			continue
-		}
-		if err != nil {
-			return nil, err
+		case a.creating: // counted as it is until its create returns
+		default:
+			err := p.APIReader.Get(ctx, k, &virtv1.VirtualMachineInstance{})
+			if apierrors.IsNotFound(err) {
+				delete(p.assumed, k) // created and deleted before the cache saw it
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
 		byNode[a.node] = append(byNode[a.node], a.member)
 	}

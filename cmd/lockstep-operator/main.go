@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -28,6 +29,7 @@ import (
 func main() {
 	var (
 		metricsAddr, probeAddr  string
+		pprofAddr               string
 		leNamespace             string
 		secureMetrics, enableLE bool
 		cfg                     controllers.Config
@@ -36,6 +38,7 @@ func main() {
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
 	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS, authenticated and authorized by the API server.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "0", "Address of Go's pprof endpoints (/debug/pprof/), for profiling the operator; 0 disables them. Bind it to loopback: it has no authentication.")
 	flag.BoolVar(&enableLE, "leader-elect", true, "Elect a leader, so that one replica places members at a time.")
 	flag.StringVar(&leNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; empty: the pod's namespace (needed outside a cluster).")
 	flag.IntVar(&limits.MaxMembers, "max-ft-vms-per-node", 4, "FT limit: FT VM members (primaries and secondaries) per node; a node's ft.lockstep.dev/max-ft-vms annotation overrides it.")
@@ -108,6 +111,9 @@ func main() {
 		CertDir: webhookCertDir,
 		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
 	})
+	// Beside the request counts registered by default: how long requests take, and how long
+	// they wait for --kube-api-qps, so that an administrator sees a throttled operator.
+	ctrlmetrics.RegisterRESTClientMetrics(ctrlmetrics.MetricRequestLatency, ctrlmetrics.MetricRateLimiterLatency)
 	restConfig := ctrl.GetConfigOrDie()
 	restConfig.QPS, restConfig.Burst = float32(apiQPS), apiBurst
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
@@ -115,6 +121,7 @@ func main() {
 		Metrics:                 metricsOpts,
 		WebhookServer:           webhookServer,
 		HealthProbeBindAddress:  probeAddr,
+		PprofBindAddress:        pprofAddr,
 		LeaderElection:          enableLE,
 		LeaderElectionID:        "lockstep-operator.ft.lockstep.dev",
 		LeaderElectionNamespace: leNamespace,

@@ -12,6 +12,7 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -259,10 +260,17 @@ func (l *Launcher) patchStatus(ctx context.Context, vmi, base *virtv1.VirtualMac
 
 // SetupWithManager watches all VMIs and the launcher pods they own.
 func (l *Launcher) SetupWithManager(mgr ctrl.Manager) error {
+	// virt-controller runs its VMI controller on 10 threads; the full stack boots its few
+	// domains one at a time.
+	workers := 10
+	if l.Domains != nil {
+		workers = 1
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("kubevirt-launcher-test-double").
 		For(&virtv1.VirtualMachineInstance{}).
-		Owns(&corev1.Pod{})
+		Owns(&corev1.Pod{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers})
 	if l.Domains != nil {
 		if l.Domains.Changed == nil {
 			l.Domains.Changed = make(chan event.GenericEvent, 256)

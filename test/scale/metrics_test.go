@@ -4,14 +4,17 @@ package scale
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -130,8 +133,8 @@ type usage struct {
 	peakRSS  int64 // bytes
 	peakAnon int64 // bytes; zero when not sampled
 	cpu      time.Duration
-	// limit is zero outside a limited memory cgroup.
-	limit int64
+	// limit and cgroupPeak are zero outside a limited memory cgroup.
+	limit, cgroupPeak int64
 }
 
 func (u usage) String() string {
@@ -140,17 +143,19 @@ func (u usage) String() string {
 		s += fmt.Sprintf(" (anonymous %d MiB)", u.peakAnon>>20)
 	}
 	if u.limit > 0 {
-		s += fmt.Sprintf(" under a %d MiB cgroup limit", u.limit>>20)
+		s += fmt.Sprintf("; its cgroup's peak %d MiB under its %d MiB limit", u.cgroupPeak>>20, u.limit>>20)
 	}
 	return s + fmt.Sprintf(", %.1f CPU seconds", u.cpu.Seconds())
 }
 
-// memoryLimit reads the limit of the process's memory cgroup (v1 limit_in_bytes, v2
-// memory.max); zero when it has none of its own.
-func memoryLimit(pid int) int64 {
+// cgroupMemory reads the limit of the process's memory cgroup and the most it has charged
+// (v1 limit_in_bytes and max_usage_in_bytes, v2 memory.max and memory.peak): what the kernel
+// holds against the limit, as the kubelet sees a container. Zero when it has no cgroup of its
+// own.
+func cgroupMemory(pid int) (limit, peak int64) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	read := func(path string) int64 {
 		b, err := os.ReadFile(path)
@@ -160,24 +165,25 @@ func memoryLimit(pid int) int64 {
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		return n
 	}
-	var limit int64
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 {
 			continue
 		}
-		switch {
+		switch dir := ""; {
 		case f[1] == "memory":
-			limit = read("/sys/fs/cgroup/memory" + f[2] + "/memory.limit_in_bytes")
+			dir = "/sys/fs/cgroup/memory" + f[2]
+			limit, peak = read(dir+"/memory.limit_in_bytes"), read(dir+"/memory.max_usage_in_bytes")
 		case f[0] == "0" && f[1] == "" && limit == 0:
-			limit = read("/sys/fs/cgroup" + f[2] + "/memory.max")
+			dir = "/sys/fs/cgroup" + f[2]
+			limit, peak = read(dir+"/memory.max"), read(dir+"/memory.peak")
 		}
 	}
-	// An unlimited cgroup reads as a huge number (v1) or "max" (v2, parsed as 0).
-	if limit >= 1<<50 {
-		return 0
+	// An unlimited cgroup reads as a huge number (v1) or "max" (v2, parsed as 0): not ours.
+	if limit >= 1<<50 || limit == 0 {
+		return 0, 0
 	}
-	return limit
+	return limit, peak
 }
 
 // anonSampler keeps the peak of a process's anonymous resident memory (RssAnon), read every
@@ -248,6 +254,82 @@ func usageOf(pid int) (usage, error) {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
-	u.limit = memoryLimit(pid)
+	u.limit, u.cgroupPeak = cgroupMemory(pid)
 	return u, nil
+}
+
+// profileCPU, when SCALE_PROFILE names a directory, records the operator's CPU profile from now
+// until the returned function is called (at most ten minutes) in DIR/PHASE.cpu.NN.pprof, 10 s
+// each, and its heap then in DIR/PHASE.heap.pprof; read them together with
+// `go tool pprof bin/lockstep-operator DIR/PHASE.cpu.*.pprof`.
+func profileCPU(ctx context.Context, t *testing.T, phase string) (stop func()) {
+	dir := os.Getenv("SCALE_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	fetch := func(ctx context.Context, path, file string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+pprofAddr+path, nil)
+		if err == nil {
+			var resp *http.Response
+			if resp, err = http.DefaultClient.Do(req); err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if err == nil {
+					err = os.WriteFile(filepath.Join(dir, file), b, 0o644)
+				}
+			}
+		}
+		if err != nil {
+			t.Logf("profile %s: %v", file, err)
+		}
+	}
+	go func() {
+		defer close(done)
+		// A cancelled profile request loses the profile, so it runs in slices of 10 s; the
+		// last one may overrun the phase by up to 10 s.
+		for i := 0; pctx.Err() == nil && i < 60; i++ {
+			fetch(ctx, "/debug/pprof/profile?seconds=10", fmt.Sprintf("%s.cpu.%02d.pprof", phase, i))
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		fetch(ctx, "/debug/pprof/heap", phase+".heap.pprof")
+	}
+}
+
+// byLabels sums counter name between two scrapes by the values of labels, largest first, e.g.
+// "POST 201: 2000, PATCH 200: 1500".
+func byLabels(before, after samples, name string, labels ...string) string {
+	sums := map[string]float64{}
+	for series, v := range after {
+		if !matches(series, name, nil) {
+			continue
+		}
+		var key []string
+		for _, l := range labels {
+			val := ""
+			if i := strings.Index(series, l+`="`); i >= 0 {
+				val = series[i+len(l)+2:]
+				val = val[:strings.IndexByte(val, '"')]
+			}
+			key = append(key, val)
+		}
+		sums[strings.Join(key, " ")] += v - before[series]
+	}
+	keys := make([]string, 0, len(sums))
+	for k, v := range sums {
+		if v > 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return sums[keys[i]] > sums[keys[j]] })
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = fmt.Sprintf("%s: %.0f", k, sums[k])
+	}
+	return strings.Join(out, ", ")
 }

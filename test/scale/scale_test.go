@@ -36,6 +36,7 @@ const (
 	defaultMaxVCPUs   = 8
 	nodeLostGrace     = 10 * time.Second
 	metricsAddr       = "127.0.0.1:18443"
+	pprofAddr         = "127.0.0.1:18444"
 	namespace         = "scale"
 	// converge bounds each phase: generous, as the figures are reported, not asserted.
 	converge = 15 * time.Minute
@@ -85,7 +86,7 @@ func vcpusOfVM(i int) int {
 func TestScale(t *testing.T) {
 	sz := sizeFromEnv()
 	env := []string{"NODE_LOST_GRACE=" + nodeLostGrace.String(),
-		"OPERATOR_ARGS=--metrics-bind-address " + metricsAddr + " --metrics-secure=false"}
+		"OPERATOR_ARGS=--metrics-bind-address " + metricsAddr + " --metrics-secure=false --pprof-bind-address " + pprofAddr}
 	if cfg := os.Getenv("KWOKCTL_CONFIG"); cfg != "" {
 		env = append(env, "KWOKCTL_CONFIG="+cfg)
 	}
@@ -177,6 +178,7 @@ func TestScale(t *testing.T) {
 	applied := time.Now()
 	firstProtected := make(chan time.Time, 1)
 	go watchFirstProtected(ctx, k8s, firstProtected)
+	profiled := profileCPU(ctx, t, "apply")
 	createFTVMs(ctx, t, k8s, 0, sz.ftvms)
 	figures.Add(fmt.Sprintf("apply of %d FaultTolerantVMs (16 clients)", sz.ftvms), time.Since(applied))
 	st := waitConverged(t, k8s, mon, sz.ftvms)
@@ -187,6 +189,7 @@ func TestScale(t *testing.T) {
 	default:
 	}
 	afterApply := metrics()
+	profiled()
 
 	// Phase 2: more than the cluster can hold. What they cost while they wait is what the
 	// operator does for them once everything has settled.
@@ -229,7 +232,7 @@ func TestScale(t *testing.T) {
 		// kwok once kept heartbeating one node of five killed at once for minutes (its Lease
 		// taken, the node Ready): a node still Ready well past the node lifecycle's grace is
 		// killed again, and the run says so.
-		if len(ready) > 0 && time.Since(lastKill) > 45*time.Second {
+		if len(ready) > 0 && time.Since(lastKill) > 90*time.Second {
 			t.Logf("killing %v again: still Ready %s after their kill", ready, time.Since(lastKill).Round(time.Second))
 			if _, err := lc.Run(append([]string{"kill-node"}, ready...)...); err != nil {
 				t.Fatal(err)
@@ -270,6 +273,12 @@ func TestScale(t *testing.T) {
 	figures.AddText("reconcile latency, whole run", fmt.Sprintf("p50 %s, p99 %s",
 		quantile(0.5, "controller_runtime_reconcile_time_seconds", start, end, with).Round(time.Millisecond),
 		quantile(0.99, "controller_runtime_reconcile_time_seconds", start, end, with).Round(time.Millisecond)))
+	figures.AddText("API requests, apply", fmt.Sprintf("p50 %s, p99 %s; %.0f s waited for the client's rate limit in all, p99 %s",
+		quantile(0.5, "rest_client_request_duration_seconds", start, afterApply).Round(time.Millisecond),
+		quantile(0.99, "rest_client_request_duration_seconds", start, afterApply).Round(time.Millisecond),
+		afterApply.sum("rest_client_rate_limiter_duration_seconds_sum")-start.sum("rest_client_rate_limiter_duration_seconds_sum"),
+		quantile(0.99, "rest_client_rate_limiter_duration_seconds", start, afterApply).Round(time.Millisecond)))
+	figures.AddText("API requests to Protected, by method and code", byLabels(start, afterApply, "rest_client_requests_total", "method", "code"))
 	figures.AddText("API requests per FaultTolerantVM", fmt.Sprintf("%.1f to Protected, %.1f in the whole run",
 		(afterApply.sum("rest_client_requests_total")-start.sum("rest_client_requests_total"))/float64(sz.ftvms),
 		(end.sum("rest_client_requests_total")-start.sum("rest_client_requests_total"))/float64(sz.ftvms+sz.extra)))

@@ -1,0 +1,137 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	clienttesting "k8s.io/client-go/testing"
+	virtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/placement"
+)
+
+// placerOn is a Placer over a fake API server holding nodes Ready nodes of the given limit.
+func placerOn(t *testing.T, nodes int, limits placement.Limits) (*Placer, client.Client) {
+	t.Helper()
+	scheme := NewScheme()
+	// A plain tracker: the default one manages fields, which fails on KubeVirt's uint64 fields.
+	b := fake.NewClientBuilder().WithScheme(scheme).
+		WithObjectTracker(clienttesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())).
+		WithIndex(&ftv1.FaultTolerantVM{}, indexFTVMProtection, func(o client.Object) []string {
+			return []string{string(o.(*ftv1.FaultTolerantVM).Spec.Protection)}
+		}).
+		WithIndex(&coordinationv1.Lease{}, indexRecordReserves, func(o client.Object) []string { return nil })
+	for i := range nodes {
+		b = b.WithObjects(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i)},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	}
+	c := b.Build()
+	return &Placer{Reader: c, APIReader: c, Defaults: limits, AssumeTTL: time.Minute}, c
+}
+
+// memberVMI is a member as create makes it, pinned to node.
+func memberVMI(key types.NamespacedName, pair, role, node string) *virtv1.VirtualMachineInstance {
+	return &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+		Labels: map[string]string{ftv1.LabelPair: pair, ftv1.LabelRole: role, ftv1.LabelNode: node}}}
+}
+
+// Creates run outside the critical section, so decisions taken while earlier creates are still
+// in flight must count them: many primaries placed at once, each create slow, never put more on
+// a node than its limit, and exactly as many fit as the nodes hold.
+func TestPlacerCountsMembersWhoseCreateIsInFlight(t *testing.T) {
+	const nodes, perNode, vms = 3, 2, 10
+	p, c := placerOn(t, nodes, placement.Limits{MaxMembers: perNode, MaxVCPUs: 100})
+	ctx := context.Background()
+	var mu sync.Mutex
+	perNodeCount := map[string]int{}
+	placed, refused := 0, 0
+	var wg sync.WaitGroup
+	for i := range vms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("vm-%d", i)
+			key := types.NamespacedName{Namespace: "ns", Name: name + "-1"}
+			req := placement.Request{Pair: "ns/" + name, Role: placement.Primary, VCPUs: 1}
+			_, err := p.PlaceAndCreate(ctx, req, &virtv1.VirtualMachineInstanceSpec{}, "", key, func(node string) error {
+				time.Sleep(20 * time.Millisecond) // the decisions of the others run meanwhile
+				mu.Lock()
+				perNodeCount[node]++
+				mu.Unlock()
+				return c.Create(ctx, memberVMI(key, name, ftv1.RolePrimary, node))
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			var none *placement.NoEligibleNodeError
+			switch {
+			case err == nil:
+				placed++
+			case errors.As(err, &none):
+				refused++
+			default:
+				t.Errorf("%s: %v", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for node, n := range perNodeCount {
+		if n > perNode {
+			t.Errorf("%s holds %d members, limit %d", node, n, perNode)
+		}
+	}
+	if placed != nodes*perNode || refused != vms-nodes*perNode {
+		t.Errorf("placed %d and refused %d, want %d and %d", placed, refused, nodes*perNode, vms-nodes*perNode)
+	}
+}
+
+// A member whose create failed holds nothing: its node takes the next one at once.
+func TestPlacerForgetsAMemberWhoseCreateFailed(t *testing.T) {
+	p, c := placerOn(t, 1, placement.Limits{MaxMembers: 1, MaxVCPUs: 100})
+	ctx := context.Background()
+	spec := &virtv1.VirtualMachineInstanceSpec{}
+	failed := errors.New("the API server said no")
+	_, err := p.PlaceAndCreate(ctx, placement.Request{Pair: "ns/a", Role: placement.Primary, VCPUs: 1}, spec, "",
+		types.NamespacedName{Namespace: "ns", Name: "a-1"}, func(string) error { return failed })
+	if !errors.Is(err, failed) {
+		t.Fatalf("got %v, want the create's error", err)
+	}
+	key := types.NamespacedName{Namespace: "ns", Name: "b-1"}
+	node, err := p.PlaceAndCreate(ctx, placement.Request{Pair: "ns/b", Role: placement.Primary, VCPUs: 1}, spec, "", key,
+		func(node string) error { return c.Create(ctx, memberVMI(key, "b", ftv1.RolePrimary, node)) })
+	if err != nil || node != "node-0" {
+		t.Fatalf("got %q, %v; want node-0", node, err)
+	}
+	// The pair's version: a failed primary leaves neither member counted.
+	p2, c2 := placerOn(t, 2, placement.Limits{MaxMembers: 1, MaxVCPUs: 100})
+	pk, sk := types.NamespacedName{Namespace: "ns", Name: "c-1"}, types.NamespacedName{Namespace: "ns", Name: "c-2"}
+	_, err = p2.PlaceAndCreatePair(ctx, placement.Request{Pair: "ns/c", Role: placement.Primary, VCPUs: 1},
+		placement.Request{Pair: "ns/c", Role: placement.Secondary, VCPUs: 1}, spec, "", pk, sk,
+		func(string) error { return failed }, func(string) error { t.Error("the secondary was created after its primary failed"); return nil })
+	if !errors.Is(err, failed) {
+		t.Fatalf("got %v, want the create's error", err)
+	}
+	pp, err := p2.PlaceAndCreatePair(ctx, placement.Request{Pair: "ns/d", Role: placement.Primary, VCPUs: 1},
+		placement.Request{Pair: "ns/d", Role: placement.Secondary, VCPUs: 1}, spec, "",
+		types.NamespacedName{Namespace: "ns", Name: "d-1"}, types.NamespacedName{Namespace: "ns", Name: "d-2"},
+		func(node string) error {
+			return c2.Create(ctx, memberVMI(types.NamespacedName{Namespace: "ns", Name: "d-1"}, "d", ftv1.RolePrimary, node))
+		},
+		func(node string) error {
+			return c2.Create(ctx, memberVMI(types.NamespacedName{Namespace: "ns", Name: "d-2"}, "d", ftv1.RoleSecondary, node))
+		})
+	if err != nil || pp.Primary == "" || pp.Secondary == "" {
+		t.Fatalf("got %+v, %v; want both members placed on the two nodes", pp, err)
+	}
+}
