@@ -58,14 +58,15 @@ type assumedMember struct {
 // and calls create with it. It returns the node, or a *placement.NoEligibleNodeError.
 func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
 	topologyKey string, key types.NamespacedName, create func(node string) error) (string, error) {
-	node, err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) (string, error) {
-		node, err := placement.Place(nodes, req)
-		if err != nil {
+	var node string
+	err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) error {
+		var err error
+		if node, err = placement.Place(nodes, req); err != nil {
 			p.noNode(ctx, nodes, req)
-			return "", err
+			return err
 		}
 		p.assume(key, node, req)
-		return node, nil
+		return nil
 	})
 	if err != nil {
 		return "", err
@@ -85,11 +86,11 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
 	topologyKey string, primaryKey, secondaryKey types.NamespacedName, createPrimary, createSecondary func(node string) error) (placement.PairPlacement, error) {
 	var pp placement.PairPlacement
-	_, err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) (string, error) {
+	err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) error {
 		var err error
 		if pp, err = placement.PlacePair(nodes, primary, secondary, topologyKey != ""); err != nil {
 			p.noNode(ctx, nodes, primary)
-			return "", err
+			return err
 		}
 		if pp.SecondaryErr != nil {
 			p.noNode(ctx, nodes, secondary)
@@ -98,7 +99,7 @@ func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary plac
 		if pp.Secondary != "" {
 			p.assume(secondaryKey, pp.Secondary, secondary)
 		}
-		return pp.Primary, nil
+		return nil
 	})
 	if err != nil {
 		return placement.PairPlacement{}, err
@@ -124,12 +125,12 @@ func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary plac
 // decide runs choose on the cluster as placement sees it, inside the critical section; choose
 // assumes what it places.
 func (p *Placer) decide(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string,
-	choose func([]placement.Node) (string, error)) (string, error) {
+	choose func([]placement.Node) error) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	nodes, err := p.view(ctx, vm, topologyKey)
 	if err != nil {
-		return "", err
+		return err
 	}
 	return choose(nodes)
 }

@@ -87,12 +87,10 @@ func quantile(q float64, name string, before, after samples, with ...string) tim
 		if !matches(series, name+"_bucket", with) {
 			continue
 		}
-		i := strings.Index(series, `le="`)
-		if i < 0 {
+		raw, ok := labelValue(series, "le")
+		if !ok {
 			continue
 		}
-		raw := series[i+4:]
-		raw = raw[:strings.IndexByte(raw, '"')]
 		le, err := strconv.ParseFloat(raw, 64)
 		if err != nil {
 			continue
@@ -170,12 +168,12 @@ func cgroupMemory(pid int) (limit, peak int64) {
 		if len(f) != 3 {
 			continue
 		}
-		switch dir := ""; {
+		switch {
 		case f[1] == "memory":
-			dir = "/sys/fs/cgroup/memory" + f[2]
+			dir := "/sys/fs/cgroup/memory" + f[2]
 			limit, peak = read(dir+"/memory.limit_in_bytes"), read(dir+"/memory.max_usage_in_bytes")
 		case f[0] == "0" && f[1] == "" && limit == 0:
-			dir = "/sys/fs/cgroup" + f[2]
+			dir := "/sys/fs/cgroup" + f[2]
 			limit, peak = read(dir+"/memory.max"), read(dir+"/memory.peak")
 		}
 	}
@@ -270,19 +268,7 @@ func profileCPU(ctx context.Context, t *testing.T, phase string) (stop func()) {
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	fetch := func(ctx context.Context, path, file string) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+pprofAddr+path, nil)
-		if err == nil {
-			var resp *http.Response
-			if resp, err = http.DefaultClient.Do(req); err == nil {
-				var b []byte
-				b, err = io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				if err == nil {
-					err = os.WriteFile(filepath.Join(dir, file), b, 0o644)
-				}
-			}
-		}
-		if err != nil {
+		if err := fetchTo(ctx, "http://"+pprofAddr+path, filepath.Join(dir, file)); err != nil {
 			t.Logf("profile %s: %v", file, err)
 		}
 	}
@@ -301,6 +287,34 @@ func profileCPU(ctx context.Context, t *testing.T, phase string) (stop func()) {
 	}
 }
 
+// fetchTo writes what url answers to file.
+func fetchTo(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}
+
+// labelValue reads label's value from a series as scraped (`name{a="x",b="y"}`).
+func labelValue(series, label string) (string, bool) {
+	i := strings.Index(series, label+`="`)
+	if i < 0 {
+		return "", false
+	}
+	v := series[i+len(label)+2:]
+	return v[:strings.IndexByte(v, '"')], true
+}
+
 // byLabels sums counter name between two scrapes by the values of labels, largest first, e.g.
 // "POST 201: 2000, PATCH 200: 1500".
 func byLabels(before, after samples, name string, labels ...string) string {
@@ -311,11 +325,7 @@ func byLabels(before, after samples, name string, labels ...string) string {
 		}
 		var key []string
 		for _, l := range labels {
-			val := ""
-			if i := strings.Index(series, l+`="`); i >= 0 {
-				val = series[i+len(l)+2:]
-				val = val[:strings.IndexByte(val, '"')]
-			}
+			val, _ := labelValue(series, l)
 			key = append(key, val)
 		}
 		sums[strings.Join(key, " ")] += v - before[series]
