@@ -130,11 +130,11 @@ test-fullstack: vm-assets libvirt-assets ## Every part together on the local clu
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-scale
-test-scale: ## 200 FaultTolerantVMs of mixed sizes (then 40 more than fit) on 50 nodes with per-node limits, then 5 nodes killed at once: no node above its limit, never two primaries, and in the end nothing waits that fits (a check of invariants; its figures are reported, not asserted). SCALE_KEEP=1 leaves the cluster up.
+test-scale: ## 200 FaultTolerantVMs of mixed sizes (then 40 more than fit, deleted again) on 50 nodes with per-node limits, then 5 nodes killed at once: no node above its limit, never two primaries, and in the end nothing waits that fits (a check of invariants; its figures are reported, not asserted). SCALE_KEEP=1 leaves the cluster up.
 	hack/gotest.sh scale -tags scale -count=1 -timeout 45m -run TestScale -v ./test/scale/
 
 .PHONY: bench-scale
-bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more) on 500 nodes, 50 killed at once; prints the figures (apply → Protected, operator memory and CPU, reconcile latency, API requests per VM, re-protection after the grace).
+bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more, deleted again) on 500 nodes, 50 killed at once; prints the figures (apply → Protected, operator memory and CPU, reconcile latency, API requests per VM, re-protection after the grace).
 	SCALE_NODES=$${SCALE_NODES:-500} SCALE_FTVMS=$${SCALE_FTVMS:-1000} SCALE_EXTRA=$${SCALE_EXTRA:-200} KWOKCTL_CONFIG=$${KWOKCTL_CONFIG:-$(CURDIR)/hack/kwokctl-scale.yaml} \
 	  go test -tags scale -count=1 -timeout 90m -run TestScale -v ./test/scale/
 

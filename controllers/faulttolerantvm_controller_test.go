@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,7 +114,11 @@ var _ = Describe("FaultTolerantVM", func() {
 			}
 			Expect(macs).To(HaveLen(1))
 
-			Eventually(func() []string { return eventReasons(ns, "mail-01") }, timeout, interval).Should(ContainElements("MemberCreated", ftv1.ReasonProtected))
+			Eventually(func() []string { return eventReasons(ns, "mail-01") }, timeout, interval).Should(ContainElements(ftv1.ReasonMemberCreated, ftv1.ReasonProtected))
+			// One event for the new pair, naming both members and their nodes.
+			created := eventMessages(ns, "mail-01", ftv1.ReasonMemberCreated)
+			Expect(strings.Split(created, "\n")).To(HaveLen(1), "MemberCreated events: %s", created)
+			Expect(created).To(MatchRegexp(`^primary mail-01-\d+ placed on node \S+, secondary mail-01-\d+ on node \S+$`))
 		})
 
 		It("keeps pairs of the same name in different namespaces apart only from their own partner", func() {

@@ -142,13 +142,13 @@ func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *ne
 	return nil
 }
 
-// created records a created member in the scope, the log and the events, and waits until the
-// cache holds it: reconciles of one FaultTolerantVM run one at a time, so the next one then sees
-// the member, and never starts a second one in its place from a cache that trails this write.
+// created records a created member in the scope and the log, and waits until the cache holds
+// it: reconciles of one FaultTolerantVM run one at a time, so the next one then sees the member,
+// and never starts a second one in its place from a cache that trails this write. Its caller
+// announces it (one event for a new pair).
 func (r *FaultTolerantVMReconciler) created(ctx context.Context, s *scope, nm *newMember) *memberView {
 	s.maxOrdinal = max(s.maxOrdinal, nm.spec.Ordinal)
 	r.awaitCached(ctx, nm.vmi)
-	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, "MemberCreated", "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
 	log.FromContext(ctx).Info("created member", "vmi", nm.name, "role", nm.spec.Role, "node", nm.spec.Node)
 	return &memberView{vmi: nm.vmi, ordinal: nm.spec.Ordinal, node: nm.spec.Node, verdict: health.Verdict{State: health.Pending, Reason: string(virtv1.Pending),
 		Message: fmt.Sprintf("VMI %s was just created on node %s", nm.name, nm.spec.Node)}}
@@ -197,6 +197,15 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 	} else if pp.SecondaryErr != nil {
 		_ = r.recordPlacementError(s, &s.secondaryErr, pp.SecondaryErr) // a NoEligibleNodeError
 	}
+	if pp.Primary != "" {
+		// One event for the pair: at a thousand VMs started at once, an event a member was a
+		// tenth of the operator's requests.
+		note := fmt.Sprintf("primary %s placed on node %s", p.name, pp.Primary)
+		if pp.Secondary != "" {
+			note += fmt.Sprintf(", secondary %s on node %s", sec.name, pp.Secondary)
+		}
+		r.Recorder.Eventf(s.ftvm, p.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s", note)
+	}
 	switch {
 	case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
 		// The cache trails our own earlier create, or the record moved on; the next reconcile
@@ -228,7 +237,7 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		}
 		nm.req.AvoidDomains = []string{pn.Labels[key]}
 	}
-	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
+	node, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
 		// The name is handed out only once a node holds the member: a VM that waits for room
 		// neither writes its record at every try nor spends a name at each.
 		if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
@@ -247,7 +256,9 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 	if err != nil {
 		return nil, err
 	}
-	return r.created(ctx, s, nm), nil
+	mv := r.created(ctx, s, nm)
+	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, node)
+	return mv, nil
 }
 
 // logBandwidthMbps is the logging bandwidth reserved for the VM (paper 2.10).

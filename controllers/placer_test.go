@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
@@ -38,7 +39,31 @@ func placerOn(t *testing.T, nodes int, limits placement.Limits) (*Placer, client
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
 	}
 	c := b.Build()
-	return &Placer{Reader: c, APIReader: c, Defaults: limits, AssumeTTL: time.Minute}, c
+	return &Placer{Nodes: clientLister{c, &corev1.NodeList{}}, Members: clientLister{c, &virtv1.VirtualMachineInstanceList{}},
+		Reader: c, APIReader: c, Defaults: limits, AssumeTTL: time.Minute}, c
+}
+
+// clientLister lists through a fake client, as the informer's store would: an object written is
+// listed at once.
+type clientLister struct {
+	c    client.Reader
+	list client.ObjectList
+}
+
+func (l clientLister) List() []any {
+	list := l.list.DeepCopyObject().(client.ObjectList)
+	if err := l.c.List(context.Background(), list); err != nil {
+		panic(err)
+	}
+	objs, err := apimeta.ExtractList(list)
+	if err != nil {
+		panic(err)
+	}
+	out := make([]any, len(objs))
+	for i := range objs {
+		out[i] = objs[i]
+	}
+	return out
 }
 
 // memberVMI is a member as create makes it, pinned to node.

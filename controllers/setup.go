@@ -50,14 +50,23 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 	if err := SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	nodes, err := InformerLister(ctx, mgr.GetCache(), &corev1.Node{})
+	if err != nil {
+		return err
+	}
+	members, err := InformerLister(ctx, mgr.GetCache(), &virtv1.VirtualMachineInstance{})
+	if err != nil {
+		return err
+	}
 	r := &FaultTolerantVMReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Scheme:    mgr.GetScheme(),
 		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
 		Clock:     clock.RealClock{},
-		Placer:    &Placer{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Defaults: limits, AssumeTTL: 2 * time.Minute},
-		Config:    cfg,
+		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+			Defaults: limits, AssumeTTL: 2 * time.Minute},
+		Config: cfg,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err

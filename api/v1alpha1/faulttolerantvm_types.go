@@ -115,6 +115,9 @@ const (
 	ReasonNoneFenced = "NoneFenced"
 	// ReasonMemberFenced is the event of a member being fenced.
 	ReasonMemberFenced = "MemberFenced"
+	// ReasonMemberCreated is the event of members placed and created: a new pair's two in one
+	// event, or a new secondary.
+	ReasonMemberCreated = "MemberCreated"
 	// ReasonWaitingForSecondary: the primary is lost and its synchronized secondary is on a node
 	// that is not Ready; promoting it later loses nothing, restarting now would lose the memory.
 	ReasonWaitingForSecondary = "WaitingForSecondary"

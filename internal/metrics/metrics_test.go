@@ -1,12 +1,14 @@
 package metrics
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/placement"
@@ -58,11 +60,25 @@ func TestObserveKeepsOneUnprotectedSeriesWithItsReason(t *testing.T) {
 
 func TestObserveNodesDropsNodesNoLongerSeen(t *testing.T) {
 	ObserveNodes([]placement.Node{{Name: "a", Limits: placement.Limits{MaxMembers: 4, LogBandwidthMbps: 1000}, Members: []placement.Member{{Pair: "p"}}}, {Name: "b"}})
-	if got := testutil.ToFloat64(NodeMembers.WithLabelValues("a")); got != 1 {
-		t.Fatalf("members on a: %v", got)
+	want := `
+# HELP lockstep_node_ft_members FT members (primaries and secondaries) on a node, as placement last saw it.
+# TYPE lockstep_node_ft_members gauge
+lockstep_node_ft_members{node="a"} 1
+lockstep_node_ft_members{node="b"} 0
+# HELP lockstep_node_ft_members_limit A node's FT VM limit, as placement last saw it.
+# TYPE lockstep_node_ft_members_limit gauge
+lockstep_node_ft_members_limit{node="a"} 4
+lockstep_node_ft_members_limit{node="b"} 0
+`
+	if err := testutil.CollectAndCompare(Nodes, strings.NewReader(want), "lockstep_node_ft_members", "lockstep_node_ft_members_limit"); err != nil {
+		t.Fatal(err)
 	}
 	ObserveNodes([]placement.Node{{Name: "a"}})
-	if n := testutil.CollectAndCount(NodeLogBandwidthBudget); n != 1 {
+	if n := testutil.CollectAndCount(Nodes, "lockstep_node_log_bandwidth_budget_mbps"); n != 1 {
 		t.Fatalf("%d budget series, want 1 (node b is gone)", n)
+	}
+	// Registered with the operator's registry under the names the alerts use.
+	if n, err := testutil.GatherAndCount(metrics.Registry, "lockstep_node_log_bandwidth_budget_mbps"); err != nil || n != 1 {
+		t.Fatalf("%d budget series served, %v; want 1", n, err)
 	}
 }

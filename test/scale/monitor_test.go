@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
@@ -25,11 +26,21 @@ import (
 // the moment it shows: a node above its FT limit, two members of a pair on one node, two members
 // of a pair labelled primary.
 type monitor struct {
-	mu      sync.Mutex
-	members map[string]memberView // namespace/name
-	nodes   map[string]nodeRoom   // limits and whether it takes members; usage is summed on demand
-	bad     []string
-	phase   string
+	// cache also holds the FaultTolerantVMs, which the run polls often without loading the API
+	// server with lists of a thousand of them.
+	cache cache.Cache
+
+	mu       sync.Mutex
+	members  map[string]memberView // namespace/name
+	nodes    map[string]nodeRoom   // limits and whether it takes members; usage is summed on demand
+	closedAt map[string]time.Time  // when each node that takes no members was seen to stop
+	// downSince is when each node that is not Ready stopped being Ready, by its Ready condition:
+	// where the operator's node-lost grace starts.
+	downSince   map[string]time.Time
+	protected   map[string]bool      // each FaultTolerantVM's state is Protected, by namespace/name
+	protectedAt map[string]time.Time // when it last became Protected, as the watch showed it
+	bad         []string
+	phase       string
 }
 
 type memberView struct {
@@ -39,9 +50,17 @@ type memberView struct {
 }
 
 func startMonitor(ctx context.Context, cfg *rest.Config) (*monitor, error) {
-	m := &monitor{members: map[string]memberView{}, nodes: map[string]nodeRoom{}}
 	c, err := cache.New(cfg, cache.Options{Scheme: controllers.NewScheme()})
 	if err != nil {
+		return nil, err
+	}
+	m := &monitor{cache: c, members: map[string]memberView{}, nodes: map[string]nodeRoom{}, closedAt: map[string]time.Time{},
+		downSince: map[string]time.Time{}, protected: map[string]bool{}, protectedAt: map[string]time.Time{}}
+	ftvms, err := c.GetInformer(ctx, &ftv1.FaultTolerantVM{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ftvms.AddEventHandler(handler(m.ftvm)); err != nil {
 		return nil, err
 	}
 	vmis, err := c.GetInformer(ctx, &virtv1.VirtualMachineInstance{})
@@ -109,6 +128,18 @@ func (m *monitor) node(n *corev1.Node, gone bool) {
 	}
 	l, _ := member.NodeLimits(placement.Limits{MaxMembers: defaultMaxMembers, MaxVCPUs: defaultMaxVCPUs}, n)
 	r := nodeRoom{Name: n.Name, Open: nodeOpen(n), MaxMembers: l.MaxMembers, MaxVCPUs: l.MaxVCPUs}
+	switch {
+	case r.Open:
+		delete(m.closedAt, n.Name)
+	case m.nodes[n.Name].Open || m.closedAt[n.Name].IsZero():
+		m.closedAt[n.Name] = time.Now()
+	}
+	delete(m.downSince, n.Name)
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			m.downSince[n.Name] = c.LastTransitionTime.Time
+		}
+	}
 	m.nodes[n.Name] = r
 	m.checkNode(n.Name)
 }
@@ -198,6 +229,43 @@ func (m *monitor) rooms() []nodeRoom {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// ftvm notes when each FaultTolerantVM becomes Protected.
+func (m *monitor) ftvm(f *ftv1.FaultTolerantVM, gone bool) {
+	key := f.Namespace + "/" + f.Name
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := !gone && f.Status.State == ftv1.StateProtected
+	if now && !m.protected[key] {
+		m.protectedAt[key] = time.Now()
+	}
+	m.protected[key] = now
+}
+
+// lastProtected is when the FaultTolerantVM namespace/name last became Protected; zero while it
+// is not.
+func (m *monitor) lastProtected(key string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.protected[key] {
+		return time.Time{}
+	}
+	return m.protectedAt[key]
+}
+
+// notReadySince is when the node stopped being Ready, by its Ready condition; zero while Ready.
+func (m *monitor) notReadySince(name string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.downSince[name]
+}
+
+// closedSince is when the monitor saw the node stop taking members; zero while it takes them.
+func (m *monitor) closedSince(name string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closedAt[name]
 }
 
 // open says whether the node takes members, as the monitor last saw it.

@@ -1,11 +1,12 @@
 // Package scale runs lockstep at size on a local cluster of hack/local-cluster.sh (kwok nodes, the
 // KubeVirt double): FaultTolerantVMs of mixed sizes on nodes with zones and per-node FT limits,
-// more of them than the cluster can hold, then a tenth of the nodes killed at once. Throughout, a
+// more of them than the cluster can hold (deleted again, to leave room for failures), then a
+// tenth of the nodes killed at once. Throughout, a
 // monitor watches every member and node and records each broken invariant; at the end of each
 // phase every FaultTolerantVM must be Protected, or waiting with no room for it anywhere.
 //
-//	make test-scale    # 200 FTVMs (and 40 more) on 50 nodes: the invariants, in make test
-//	make bench-scale   # 1,000 FTVMs (and 200 more) on 500 nodes: the figures
+//	make test-scale    # 200 FTVMs (and 40 more, deleted again) on 50 nodes: the invariants, in make test
+//	make bench-scale   # 1,000 FTVMs (and 200 more, deleted again) on 500 nodes: the figures
 //
 // This file is the pure part: whether the cluster has room for a FaultTolerantVM that waits.
 package scale

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,14 +86,19 @@ func vcpusOfVM(i int) int {
 
 func TestScale(t *testing.T) {
 	sz := sizeFromEnv()
+	// SCALE_OPERATOR_ARGS: more operator flags, to compare settings (--max-concurrent-reconciles=8).
 	env := []string{"NODE_LOST_GRACE=" + nodeLostGrace.String(),
-		"OPERATOR_ARGS=--metrics-bind-address " + metricsAddr + " --metrics-secure=false --pprof-bind-address " + pprofAddr}
+		"OPERATOR_ARGS=--metrics-bind-address " + metricsAddr + " --metrics-secure=false --pprof-bind-address " + pprofAddr +
+			" " + os.Getenv("SCALE_OPERATOR_ARGS")}
 	if cfg := os.Getenv("KWOKCTL_CONFIG"); cfg != "" {
 		env = append(env, "KWOKCTL_CONFIG="+cfg)
 	}
 	lc := localcluster.New("lockstep-scale", "SCALE_KEEP", env...)
 	figures := &localcluster.Figures{Title: fmt.Sprintf("Scale figures: %d FaultTolerantVMs (then %d more) on %d nodes; node-lost grace %s",
 		sz.ftvms, sz.extra, sz.nodes, nodeLostGrace)}
+	if args := os.Getenv("SCALE_OPERATOR_ARGS"); args != "" {
+		figures.Title += "; operator " + args
+	}
 	t.Logf("bringing up the cluster with %d nodes", sz.nodes)
 	upAt := time.Now()
 	if err := lc.Up(sz.nodes); err != nil {
@@ -181,7 +187,7 @@ func TestScale(t *testing.T) {
 	profiled := profileCPU(ctx, t, "apply")
 	createFTVMs(ctx, t, k8s, 0, sz.ftvms)
 	figures.Add(fmt.Sprintf("apply of %d FaultTolerantVMs (16 clients)", sz.ftvms), time.Since(applied))
-	st := waitConverged(t, k8s, mon, sz.ftvms)
+	st := waitConverged(t, mon, sz.ftvms)
 	figures.Add(fmt.Sprintf("apply → every placeable VM Protected (%s)", st), time.Since(applied))
 	select {
 	case at := <-firstProtected:
@@ -196,7 +202,7 @@ func TestScale(t *testing.T) {
 	mon.setPhase("extra")
 	extraAt := time.Now()
 	createFTVMs(ctx, t, k8s, sz.ftvms, sz.ftvms+sz.extra)
-	st = waitConverged(t, k8s, mon, sz.ftvms+sz.extra)
+	st = waitConverged(t, mon, sz.ftvms+sz.extra)
 	figures.Add(fmt.Sprintf("%d more → settled (%s)", sz.extra, st), time.Since(extraAt))
 	idle0, idleAt := metrics(), time.Now()
 	time.Sleep(30 * time.Second)
@@ -208,7 +214,15 @@ func TestScale(t *testing.T) {
 		fmt.Sprintf("%.0f reconciles, %.0f API requests", perMinute("controller_runtime_reconcile_total", `controller="faulttolerantvm"`),
 			perMinute("rest_client_requests_total")))
 
-	// Phase 3: a tenth of the nodes die at once.
+	// Phase 3: the extra VMs are deleted again. A cluster keeps room for failures: with every
+	// slot taken, as it is now, no VM that loses a member could be protected again.
+	mon.setPhase("delete")
+	deleteAt := time.Now()
+	parallel(t, sz.ftvms, sz.ftvms+sz.extra, func(i int) error { return client.IgnoreNotFound(k8s.Delete(ctx, ftvm(i))) })
+	st = waitConverged(t, mon, sz.ftvms)
+	figures.Add(fmt.Sprintf("the %d more deleted → gone, the rest settled (%s)", sz.extra, st), time.Since(deleteAt))
+
+	// Phase 4: a tenth of the nodes die at once.
 	mon.setPhase("kill")
 	var victims []string
 	for i := 1; i <= sz.nodes; i++ {
@@ -216,6 +230,7 @@ func TestScale(t *testing.T) {
 			victims = append(victims, fmt.Sprintf("node-%d", i))
 		}
 	}
+	affected := membersOn(t, mon, victims)
 	killed := time.Now()
 	if _, err := lc.Run(append([]string{"kill-node"}, victims...)...); err != nil {
 		t.Fatal(err)
@@ -247,15 +262,28 @@ func TestScale(t *testing.T) {
 			}
 			return false, fmt.Sprintf("%v still Ready (the Lease of %s held by %s)", ready, ready[0], holder)
 		}
-		gone = time.Now()
+		// The moment the last of them was seen to stop, through the monitor's watch: lockstep's
+		// grace for it runs from there.
+		for _, v := range victims {
+			if at := mon.closedSince(v); at.After(gone) {
+				gone = at
+			}
+		}
 		return true, ""
 	})
-	st = waitConverged(t, k8s, mon, sz.ftvms+sz.extra)
+	st = waitConverged(t, mon, sz.ftvms)
 	done := time.Now()
-	graceOut := gone.Add(nodeLostGrace)
+	// lockstep's grace runs from each node's Ready condition's transition, as the operator reads it.
+	var graceOut time.Time
+	for _, v := range victims {
+		if g := mon.notReadySince(v).Add(nodeLostGrace); g.After(graceOut) {
+			graceOut = g
+		}
+	}
 	figures.Add(fmt.Sprintf("%d nodes killed → the node lifecycle sees them gone", len(victims)), gone.Sub(killed))
 	figures.Add(fmt.Sprintf("%d nodes killed → every VM that can be Protected again (%s)", len(victims), st), done.Sub(killed))
 	figures.Add("lockstep's grace over → every VM that can be Protected again", done.Sub(graceOut))
+	figures.AddText("each VM that lost a member: its node's grace over → Protected again", reprotection(mon, affected))
 
 	end := metrics()
 	u := operator()
@@ -363,12 +391,13 @@ func (s settled) String() string {
 // waitConverged waits until each of the want FaultTolerantVMs is Protected, or NotProtected with
 // no room for what it lacks anywhere in the cluster (roomFor): the operator leaves nothing
 // waiting that fits. A VM NotProtected for another reason than a missing node fails the test.
-func waitConverged(t *testing.T, k8s client.Client, mon *monitor, want int) settled {
+func waitConverged(t *testing.T, mon *monitor, want int) settled {
 	t.Helper()
 	var st settled
-	waitFor(t, "every VM Protected, or waiting with no room", converge, func() (bool, string) {
+	// The monitor's cache, polled often: the moment the run settles is a figure.
+	waitForEvery(t, "every VM Protected, or waiting with no room", converge, 200*time.Millisecond, func() (bool, string) {
 		var list ftv1.FaultTolerantVMList
-		if err := k8s.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
+		if err := mon.cache.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
 			return false, err.Error()
 		}
 		if len(list.Items) != want {
@@ -421,6 +450,60 @@ func waitConverged(t *testing.T, k8s client.Client, mon *monitor, want int) sett
 	return st
 }
 
+// membersOn maps each FaultTolerantVM with a member on one of nodes to those nodes.
+func membersOn(t *testing.T, mon *monitor, nodes []string) map[string][]string {
+	t.Helper()
+	on := map[string]bool{}
+	for _, n := range nodes {
+		on[n] = true
+	}
+	var list ftv1.FaultTolerantVMList
+	if err := mon.cache.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, f := range list.Items {
+		for _, m := range []*ftv1.MemberStatus{f.Status.Primary, f.Status.Secondary} {
+			if m != nil && on[m.Node] {
+				out[f.Namespace+"/"+f.Name] = append(out[f.Namespace+"/"+f.Name], m.Node)
+			}
+		}
+	}
+	return out
+}
+
+// reprotection is, for each VM that lost a member on a node, the time from the operator's grace
+// for that node running out (its Ready condition's transition plus --node-lost-grace, as the
+// operator reckons it) to the VM Protected again, as the monitor's watch saw it: p50, p99 and the
+// most, over the VMs that are Protected again.
+func reprotection(mon *monitor, affected map[string][]string) string {
+	var took []time.Duration
+	for key, nodes := range affected {
+		at := mon.lastProtected(key)
+		if at.IsZero() {
+			continue // waiting with no room
+		}
+		var graceOut time.Time
+		for _, n := range nodes {
+			down := mon.notReadySince(n)
+			if down.IsZero() {
+				down = mon.closedSince(n)
+			}
+			if g := down.Add(nodeLostGrace); g.After(graceOut) {
+				graceOut = g
+			}
+		}
+		took = append(took, at.Sub(graceOut))
+	}
+	if len(took) == 0 {
+		return fmt.Sprintf("none of %d Protected again", len(affected))
+	}
+	slices.Sort(took)
+	at := func(q float64) time.Duration { return took[int(q*float64(len(took)-1))].Round(time.Millisecond) }
+	return fmt.Sprintf("p50 %s, p99 %s, most %s (%d VMs; %d waiting with no room)",
+		at(0.5), at(0.99), took[len(took)-1].Round(time.Millisecond), len(took), len(affected)-len(took))
+}
+
 // onClosedNode names a member of the VM on a node that takes no members (a node that died): the
 // VM has not settled until the operator has replaced it.
 func onClosedNode(st ftv1.FaultTolerantVMStatus, open map[string]bool) string {
@@ -435,21 +518,28 @@ func onClosedNode(st ftv1.FaultTolerantVMStatus, open map[string]bool) string {
 // waitFor polls ok every 2 s until it holds, and fails the test with its last word after within.
 func waitFor(t *testing.T, what string, within time.Duration, ok func() (bool, string)) {
 	t.Helper()
+	waitForEvery(t, what, within, 2*time.Second, ok)
+}
+
+// waitForEvery polls ok every interval until it holds, logging its word when it changes (at most
+// every 2 s), and fails the test with its last word after within.
+func waitForEvery(t *testing.T, what string, within, interval time.Duration, ok func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(within)
-	last := ""
+	last, loggedAt := "", time.Time{}
 	for {
 		done, why := ok()
 		if done {
 			return
 		}
-		if why != last {
+		if why != last && time.Since(loggedAt) >= 2*time.Second {
 			t.Logf("waiting for %s: %s", what, why)
-			last = why
+			last, loggedAt = why, time.Now()
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %s: %s", what, within, why)
 		}
-		time.Sleep(2 * time.Second)
+		time.Sleep(interval)
 	}
 }
 
