@@ -14,9 +14,11 @@ import (
 )
 
 // line matches "BenchmarkX/path/kind-2   N   123 ns/op   4.5 unit ..." and captures the name;
-// single matches a benchmark without sub-benchmarks ("BenchmarkFailover-2  N  ...").
+// sub a benchmark with one level of sub-benchmarks ("BenchmarkCheckpointStream/direct-2  N  ...");
+// single one without sub-benchmarks ("BenchmarkFailover-2  N  ...").
 var (
 	line   = regexp.MustCompile(`^Benchmark(\w+)/([\w-]+)/(\w+)(?:-\d+)?\s+\d+\s+(.*)$`)
+	sub    = regexp.MustCompile(`^Benchmark(\w+)/([a-z]+)(?:-\d+)?\s+\d+\s+(.*)$`)
 	single = regexp.MustCompile(`^Benchmark(\w+?)(?:-\d+)?\s+\d+\s+(.*)$`)
 )
 
@@ -39,7 +41,9 @@ func main() {
 		fmt.Println(sc.Text()) // pass the raw output through
 		m := line.FindStringSubmatch(sc.Text())
 		if m == nil {
-			if m := single.FindStringSubmatch(sc.Text()); m != nil {
+			if m := sub.FindStringSubmatch(sc.Text()); m != nil {
+				metrics[m[1]+"/"+m[2]] = parseMetrics(m[3])
+			} else if m := single.FindStringSubmatch(sc.Text()); m != nil {
 				metrics[m[1]] = parseMetrics(m[2])
 			}
 			continue
@@ -79,6 +83,11 @@ func main() {
 			continue
 		}
 		fmt.Printf("%-10s %9.0f %9.0f %10.0f %10.0f %10s %10s\n", p, r50, r99, g50, g99, ratio(g50, r50), ratio(g99, r99))
+	}
+	if d, r := metrics["CheckpointStream/direct"], metrics["CheckpointStream/relayed"]; d != nil && r != nil {
+		fmt.Println("\nA COLO checkpoint's stream (2.5 MB and its 4-byte answer): through both lockstepds' relays over TLS, against one Unix socket")
+		fmt.Printf("direct %.2f ms (%.2f ms CPU)   relayed %.2f ms (%.2f ms CPU)   relayed/direct %s (CPU %s)\n",
+			d["ns/op"]/1e6, d["cpu-ms/op"], r["ns/op"]/1e6, r["cpu-ms/op"], ratio(r["ns/op"], d["ns/op"]), ratio(r["cpu-ms/op"], d["cpu-ms/op"]))
 	}
 	if f := metrics["Failover"]; f != nil {
 		fmt.Printf("\nFailure detection to go-live (kill -9 of the primary's lockstepd to the first output of the secondary gone live), %.0f kills, --detect %.0f ms\n", f["kills"], f["detect-ms"])

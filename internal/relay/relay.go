@@ -144,7 +144,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
-	c := tls.Server(raw, channel.ServerTLS(s.TLS))
+	bc := &batchConn{Conn: raw}
+	c := tls.Server(bc, channel.ServerTLS(s.TLS))
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
@@ -173,7 +174,7 @@ func (s *Server) serveConn(ctx context.Context, raw net.Conn) {
 		_ = c.Close()
 		return
 	}
-	pipe(ctx, &rt.conns, bufferedConn{c, r}, local, rt.Counters, nil)
+	pipe(ctx, &rt.conns, bufferedConn{tlsBatched{c, bc}, r}, local, rt.Counters, nil)
 }
 
 // bufferedConn reads what the header's reader buffered before the rest of the connection.
@@ -247,7 +248,8 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 		_ = local.Close()
 		return
 	}
-	c := tls.Client(raw, to.tls(f.TLS))
+	bc := &batchConn{Conn: raw}
+	c := tls.Client(bc, to.tls(f.TLS))
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	if _, err := io.WriteString(c, to.Key+"\x00"+f.Stream+"\n"); err != nil {
 		_ = c.Close()
@@ -255,7 +257,7 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
-	pipe(ctx, &f.conns, c, local, &f.Counters, f.FromPeer)
+	pipe(ctx, &f.conns, tlsBatched{c, bc}, local, &f.Counters, f.FromPeer)
 }
 
 // Probe checks that the target's stream server is reachable, is the target's node and accepts
