@@ -47,7 +47,7 @@ func main() {
 	flag.IntVar(&cfg.DefaultLogBandwidthMbps, "default-vm-log-bandwidth-mbps", 100, "Logging bandwidth reserved for a VM without spec.expectedLoad, in Mbit/s.")
 	flag.DurationVar(&cfg.NodeLostGrace, "node-lost-grace", 40*time.Second, "How long a node may be NotReady or unreachable before its members are lost.")
 	flag.DurationVar(&cfg.RetryInterval, "retry-interval", 30*time.Second, "How often a FaultTolerantVM that waits for a node is retried (node and VMI events retry at once).")
-	flag.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Parallel reconciles; placement itself is serialized.")
+	flag.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", 16, "Parallel reconciles of different FaultTolerantVMs (a reconcile mostly waits on the API server); placement itself is serialized.")
 	flag.StringVar(&cfg.Member.PriorityClassName, "priority-class", "lockstep-ft", "Priority class of members whose template names none.")
 	flag.BoolVar(&cfg.Member.DedicatedCPUPlacement, "dedicated-cpu-placement", false, "Pin each vCPU to a host CPU (needs the kubelet CPU manager).")
 	flag.BoolVar(&cfg.Member.COLO.Enabled, "colo", false, "Make members COLO members for lockstepd's COLO engine: the overlays, the replicated disk named for the KubeVirt hook, a secondary started paused (docs/kubevirt.md).")
