@@ -237,7 +237,7 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		}
 		nm.req.AvoidDomains = []string{pn.Labels[key]}
 	}
-	node, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
+	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
 		// The name is handed out only once a node holds the member: a VM that waits for room
 		// neither writes its record at every try nor spends a name at each.
 		if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
@@ -257,7 +257,7 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		return nil, err
 	}
 	mv := r.created(ctx, s, nm)
-	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, node)
+	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
 	return mv, nil
 }
 
