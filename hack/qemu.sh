@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's five patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's six patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
 # letting the bare TCP packets left over at a connection's end expire instead of forcing a
 # checkpoint for each; the primary resuming once the secondary has received a checkpoint rather
-# than loaded it (a shorter pause); and, on the secondary, the invalidation of the translated code
-# whose pages a checkpoint rewrote (without it the secondary can run code that is no longer in
-# memory). Only
+# than loaded it, and sending the dirtied RAM ahead of each checkpoint while its VM runs (two
+# shorter pauses); and, on the secondary, the invalidation of the translated code whose pages a
+# checkpoint rewrote (without it the secondary can run code that is no longer in memory). Only
 # qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools (qemu-img
 # for the active and hidden disks) are built.
 #

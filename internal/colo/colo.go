@@ -70,7 +70,7 @@ func (s Sockets) loop(name string) string { return filepath.Join(s.Dir, "loop-"+
 // there counts as done.
 func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets) error {
 	for _, st := range []step{
-		colo(),
+		colo(false),
 		{"nbd-server-start", map[string]any{"addr": unixAddr(s.Path(StreamNBD))}},
 		{"nbd-server-add", map[string]any{"device": "parent0", "writable": true}},
 	} {
@@ -81,9 +81,16 @@ func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets) error {
 	return nil
 }
 
-func colo() step {
-	return step{"migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-colo", "state": true}}}}
+// colo turns COLO on. On a primary, ramAhead also turns on lockstep's x-colo-ram-ahead
+// (hack/qemu/colo-send-ram-ahead.patch): the primary sends the pages its VM dirtied while the VM
+// still runs, just before each checkpoint, so that the checkpoint's pause carries only the pages
+// dirtied meanwhile.
+func colo(ramAhead bool) step {
+	caps := []map[string]any{{"capability": "x-colo", "state": true}}
+	if ramAhead {
+		caps = append(caps, map[string]any{"capability": "x-colo-ram-ahead", "state": true})
+	}
+	return step{"migrate-set-capabilities", map[string]any{"capabilities": caps}}
 }
 
 func unixAddr(path string) map[string]any {
@@ -117,6 +124,21 @@ func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets) error {
 		"target": "nbd+unix:///parent0?socket=" + s.Path(StreamNBD), "mode": "existing", "format": "raw", "sync": "full"}, nil)
 }
 
+// Tuning is how the primary's QEMU checkpoints.
+type Tuning struct {
+	// Checkpoint is the longest time between two checkpoints (x-checkpoint-delay).
+	Checkpoint time.Duration
+	// CompareTimeout is how long colo-compare holds a packet of the primary that the secondary
+	// has not matched before it forces a checkpoint (QEMU's default: 3 s). A short one bounds the
+	// latency that a slow or diverging secondary adds to the VM's replies, at the cost of more
+	// checkpoints.
+	CompareTimeout time.Duration
+	// RAMAhead sends the pages the VM dirtied since the last checkpoint while the VM still runs,
+	// just before each checkpoint (lockstep's x-colo-ram-ahead), so that the checkpoint's pause
+	// sends only those it dirtied meanwhile. Both QEMUs need hack/qemu/colo-send-ram-ahead.patch.
+	RAMAhead bool
+}
+
 // Job is one entry of query-block-jobs.
 type Job struct {
 	ID    string `json:"device"`
@@ -138,7 +160,7 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // (colo-compare forces one sooner when the two sides' packets differ, or when a packet of the
 // primary found no match within compareTimeout; it looks for such packets every compareTimeout/2). afterRewriter is set on a
 // primary that was a secondary: its filters must come before the filter-rewriter it kept.
-func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compareTimeout time.Duration, afterRewriter bool) error {
+func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool) error {
 	netdev, err := Netdev(ctx, q)
 	if err != nil {
 		return err
@@ -164,9 +186,9 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, checkpoint, compa
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
 		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
-			"compare_timeout": max(compareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(compareTimeout.Milliseconds()/2, 1)}},
-		colo(),
-		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": checkpoint.Milliseconds()}},
+			"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}},
+		colo(t.RAMAhead),
+		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
 	})
 }

@@ -28,13 +28,7 @@ type EngineConfig struct {
 	// Sockets is the member's directory, shared by its launcher and lockstepd: lockstepd's QMP
 	// monitor (Sockets.QMP) and the stream sockets.
 	Sockets Sockets
-	// Checkpoint is the longest time between two checkpoints (x-checkpoint-delay).
-	Checkpoint time.Duration
-	// CompareTimeout is how long colo-compare holds a packet of the primary that the secondary
-	// has not matched before it forces a checkpoint (QEMU's default: 3 s). A short one bounds the
-	// latency that a slow or diverging secondary adds to the VM's replies, at the cost of more
-	// checkpoints.
-	CompareTimeout time.Duration
+	Tuning
 	// Relay is the node's stream server; TLS and Dial reach the peer node's.
 	Relay *relay.Server
 	TLS   *tls.Config

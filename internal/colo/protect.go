@@ -115,7 +115,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	afterRewriter := e.wasSecondary
 	e.causes.newProtection() // StartPrimary creates a new compare object
 	e.mu.Unlock()
-	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Checkpoint, e.cfg.CompareTimeout, afterRewriter); err != nil {
+	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter); err != nil {
 		return err
 	}
 	select {

@@ -38,7 +38,30 @@ func protectedPair(t *testing.T, nodes int, on stack) (*cluster, *client, *membe
 	for range 5 {
 		cl.next("the primary serves under COLO", time.Minute)
 	}
+	if !on { // a QEMU that libvirt launched logs elsewhere
+		c.sentRAMAhead(p)
+	}
 	return c, cl, p, s
+}
+
+// sentRAMAhead waits until a checkpoint of the primary p sent RAM ahead, while p's VM ran
+// (lockstepd's --colo-ram-ahead, on unless VMTIER_RAM_AHEAD=off), so that what follows runs on
+// such checkpoints; or, with it off, checks that none did.
+func (c *cluster) sentRAMAhead(p *member) {
+	c.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r := readCheckpointRAM(p)
+		switch {
+		case !ramAhead && len(r.ahead) > 0:
+			c.t.Fatalf("%s sent RAM ahead of %d checkpoints with --colo-ram-ahead=false", p.name, len(r.ahead))
+		case !ramAhead || len(r.ahead) > 0 && len(r.stopped) > 0:
+			return
+		case time.Now().After(deadline):
+			c.t.Fatalf("%s: no checkpoint sent RAM ahead in a minute (%d checkpoints traced)", p.name, len(r.stopped))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // failedOver checks the pair after the primary p was lost: the secondary s went live (Alone)

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +35,7 @@ import (
 func BenchmarkColoCost(b *testing.B) {
 	span := 10 * time.Second
 	c := newCluster(b, 2)
-	c.trace = []string{"colo_compare_tcp_info", "colo_old_packet_check_found"}
+	c.trace = append(c.trace, "colo_compare_tcp_info", "colo_old_packet_check_found")
 	p := c.start(c.nodes[0], true, nil)
 	c.attach(c.nodes[0])
 	cl := &client{c: c}
@@ -46,16 +48,18 @@ func BenchmarkColoCost(b *testing.B) {
 	c.protect(p, c.nodes[1])
 	var cps [3]window
 	var released [3]releases
+	var ram [3]checkpointRAM
 	for i, run := range loads {
-		before := countReleases(p)
+		before, ramBefore := countReleases(p), readCheckpointRAM(p)
 		cps[i] = c.measure(p, span, func() { ft[i] = run(c, span) })
 		released[i] = countReleases(p).minus(before)
 		released[i].replies = ft[i].replies
+		ram[i] = readCheckpointRAM(p).since(ramBefore)
 	}
 	for i := range loads {
 		b.Logf("%s", alone[i].compare(ft[i]))
-		b.Logf("  protected: %.2f checkpoints/s (%s), %.2f MB/s to the secondary, %s; %s",
-			cps[i].checkpointsPerSecond, cps[i].causes(), cps[i].bytesPerSec/1e6, cps[i].pauses(), released[i])
+		b.Logf("  protected: %.2f checkpoints/s (%s), %.2f MB/s to the secondary, %s; %s; %s",
+			cps[i].checkpointsPerSecond, cps[i].causes(), cps[i].bytesPerSec/1e6, cps[i].pauses(), ram[i], released[i])
 	}
 	rr, mail, bulk := 0, 1, 2
 	b.ReportMetric(ratio(ft[rr].p(50), alone[rr].p(50)), "rr-p50-ratio")
@@ -197,6 +201,45 @@ func (r releases) String() string {
 	}
 	return fmt.Sprintf("%d of %d replies released on a match (%.0f%%), the rest with a checkpoint; %d compare timeouts",
 		r.matched, r.replies, 100*r.matchedShare(), r.timeouts)
+}
+
+// checkpointRAM is the RAM the primary sent for each checkpoint, in bytes, from its QEMU's trace
+// events: with its VM stopped (colo_checkpoint_ram), and before that while the VM ran
+// (colo_send_ram_ahead, lockstepd's --colo-ram-ahead).
+type checkpointRAM struct{ stopped, ahead []int }
+
+func (r checkpointRAM) since(o checkpointRAM) checkpointRAM {
+	return checkpointRAM{stopped: r.stopped[len(o.stopped):], ahead: r.ahead[len(o.ahead):]}
+}
+
+func (r checkpointRAM) String() string {
+	p50 := func(v []int) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		v = slices.Clone(v)
+		slices.Sort(v)
+		return float64(v[len(v)/2]) / 1e3
+	}
+	return fmt.Sprintf("RAM a checkpoint p50 %.0f kB with the VM stopped, %.0f kB sent ahead", p50(r.stopped), p50(r.ahead))
+}
+
+// readCheckpointRAM reads the member's QEMU trace so far.
+func readCheckpointRAM(m *member) checkpointRAM {
+	data, _ := os.ReadFile(m.qemuLog)
+	var r checkpointRAM
+	for _, line := range strings.Split(string(data), "\n") {
+		for event, into := range map[string]*[]int{"colo_checkpoint_ram": &r.stopped, "colo_send_ram_ahead": &r.ahead} {
+			if _, rest, ok := strings.Cut(line, event+" "); ok {
+				if f := strings.Fields(rest); len(f) > 0 {
+					if n, err := strconv.Atoi(f[0]); err == nil {
+						*into = append(*into, n)
+					}
+				}
+			}
+		}
+	}
+	return r
 }
 
 // countReleases reads the member's QEMU trace so far.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -256,7 +257,7 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config, token stri
 		"--tls-cert-file", filepath.Join(tlsDir, "tls.crt"), "--tls-key-file", filepath.Join(tlsDir, "tls.key"), "--tls-ca-file", filepath.Join(tlsDir, "ca.crt"),
 		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(), "--claim-timeout", "2s",
 		"--status-interval", "500ms", "--metrics-bind-address", "127.0.0.1:9410", "--health-probe-bind-address", "127.0.0.1:9411",
-		"--colo-checkpoint", checkpoint.String(), "--colo-compare-timeout", compareTimeout().String(),
+		"--colo-checkpoint", checkpoint.String(), "--colo-compare-timeout", compareTimeout().String(), "--colo-ram-ahead=" + strconv.FormatBool(ramAhead),
 	}
 	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)

@@ -54,6 +54,10 @@ var checkpoint = func() time.Duration {
 	return 2 * time.Second
 }()
 
+// ramAhead says whether the primary sends a checkpoint's dirty pages while its VM still runs
+// (lockstepd's --colo-ram-ahead): yes, lockstepd's default, unless VMTIER_RAM_AHEAD=off.
+var ramAhead = os.Getenv("VMTIER_RAM_AHEAD") != "off"
+
 // compareTimeout is colo-compare's: 100ms, or VMTIER_COMPARE_TIMEOUT (a Go duration; QEMU's
 // default is 3s). Under TCG the secondary rarely produces its packets in time, so the timeout
 // sets the latency of the VM's replies (docs/colo.md).
@@ -129,7 +133,8 @@ func newCluster(t testing.TB, nodes int) *cluster { return newClusterOf(t, nodes
 // newClusterOf makes the cluster; inProcess runs each node's lockstepd (its Node) in the test
 // process; without it, the test runs lockstepd processes itself.
 func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
-	c := &cluster{inProcess: inProcess, t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir()}
+	c := &cluster{inProcess: inProcess, t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir(),
+		trace: []string{"colo_send_ram_ahead", "colo_checkpoint_ram"}}
 	// The members' directories hold Unix sockets, whose paths end at 107 bytes: a short run
 	// directory, as lockstepd's default /var/run/lockstep is.
 	runDir, err := os.MkdirTemp("", "ls")
@@ -210,7 +215,7 @@ func (c *cluster) startNode(n *node) {
 	n.lsd = &lockstepd.Node{
 		Config: cfg, TLS: c.ca.TLSConfig(t, n.name), Dial: dialFrom(n),
 		NewEngine: coloengine.Factory(coloengine.Options{
-			Checkpoint: checkpoint, CompareTimeout: compareTimeout(),
+			Checkpoint: checkpoint, CompareTimeout: compareTimeout(), RAMAhead: ramAhead,
 			AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
 			OnCheckpoint:  func(_ lockstepd.MemberSpec, cp colo.Checkpoint) { c.recordCheckpoint(cp) },
 		}),

@@ -20,6 +20,8 @@ type Options struct {
 	Checkpoint time.Duration
 	// CompareTimeout is how long colo-compare holds an unmatched packet of the primary.
 	CompareTimeout time.Duration
+	// RAMAhead sends a checkpoint's dirty pages while the VM still runs (colo.Tuning).
+	RAMAhead bool
 	// AttachNetwork, when set, attaches a member's VM network to its node when it goes live (a
 	// test's switch; on an L2 network, QEMU's announce-self moves the VM's MAC).
 	AttachNetwork func(ctx context.Context, m lockstepd.MemberSpec) error
@@ -31,6 +33,7 @@ type Options struct {
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Checkpoint, "colo-checkpoint", 2*time.Second, "COLO: the longest time between two checkpoints (colo-compare forces one sooner when the two sides' packets differ).")
 	fs.DurationVar(&o.CompareTimeout, "colo-compare-timeout", 100*time.Millisecond, "COLO: how long colo-compare holds a packet of the primary that the secondary has not matched before it forces a checkpoint.")
+	fs.BoolVar(&o.RAMAhead, "colo-ram-ahead", true, "COLO: send the pages the VM dirtied while it still runs, just before each checkpoint, so that the checkpoint's pause sends only those dirtied meanwhile (lockstep's QEMU; false for a QEMU without x-colo-ram-ahead).")
 }
 
 // Factory makes the COLO engine of each member.
@@ -38,8 +41,8 @@ func Factory(o Options) lockstepd.EngineFactory {
 	return func(env lockstepd.EngineEnv) (engine.Engine, error) {
 		cfg := colo.EngineConfig{
 			Pair: env.Member.Pair, Member: env.Member.VMI, Primary: env.Member.Primary, Sockets: colo.Sockets{Dir: env.Dir},
-			Checkpoint: o.Checkpoint, CompareTimeout: o.CompareTimeout,
-			Relay: env.Relay, TLS: env.TLS, Dial: env.Dial, Log: env.Log,
+			Tuning: colo.Tuning{Checkpoint: o.Checkpoint, CompareTimeout: o.CompareTimeout, RAMAhead: o.RAMAhead},
+			Relay:  env.Relay, TLS: env.TLS, Dial: env.Dial, Log: env.Log,
 		}
 		if err := cfg.Sockets.Validate(); err != nil {
 			return nil, err
