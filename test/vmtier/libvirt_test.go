@@ -107,6 +107,9 @@ func TestLibvirtFailoverOnKillOfThePrimaryQEMU(t *testing.T)     { failoverOnKil
 func TestLibvirtFailoverOnLossOfThePrimaryNode(t *testing.T)     { failoverOnNodeLoss(t, viaLibvirt) }
 func TestLibvirtReprotectionSurvivesASecondFailure(t *testing.T) { reprotection(t, viaLibvirt) }
 func TestLibvirtPartitionLetsOneSideServe(t *testing.T)          { partition(t, viaLibvirt) }
+func TestLibvirtGoLiveSurvivesALockstepdCrash(t *testing.T) {
+	goLiveSurvivesALockstepdCrash(t, viaLibvirt)
+}
 
 // events follows the lifecycle events of the daemon's domains (virsh event --loop) until the
 // test ends.

@@ -54,8 +54,10 @@ func TestColoSurvivesLockstepdRestarts(t *testing.T) {
 // record naming the member and starts it as the primary it is: it must finish the go-live, so
 // that the VM serves the next count on the same boot with its disk holding it, not leave the
 // guest's replies redirected to a primary that is gone.
-func TestColoGoLiveSurvivesALockstepdCrash(t *testing.T) {
-	c, cl, p, s := protectedPair(t, 2, direct)
+func TestColoGoLiveSurvivesALockstepdCrash(t *testing.T) { goLiveSurvivesALockstepdCrash(t, direct) }
+
+func goLiveSurvivesALockstepdCrash(t *testing.T, on stack) {
+	c, cl, p, s := protectedPair(t, 2, on)
 
 	// The secondary's lockstepd dies, and at once the primary's node: the primary can release
 	// nothing more (no checkpoint reaches the secondary) and its lockstepd has no time to claim.
