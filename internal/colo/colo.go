@@ -156,13 +156,21 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 
 // StartPrimary makes a primary whose disk was resynced (and whose VM is stopped, so that nothing
 // changes between the resync and the migration) replicate its disk writes, divert its packets
-// through colo-compare, and migrate into COLO with a checkpoint at least every checkpoint
-// (colo-compare forces one sooner when the two sides' packets differ, or when a packet of the
-// primary found no match within compareTimeout; it looks for such packets every compareTimeout/2). afterRewriter is set on a
-// primary that was a secondary: its filters must come before the filter-rewriter it kept.
+// through colo-compare, and migrate into COLO, checkpointing as t says (at least every
+// t.Checkpoint; colo-compare forces one sooner when the two sides' packets differ, or when a
+// packet of the primary found no match within t.CompareTimeout, which it looks for every half of
+// it). afterRewriter is set on a primary that was a secondary: its filters must come before the
+// filter-rewriter it kept.
 func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool) error {
 	netdev, err := Netdev(ctx, q)
 	if err != nil {
+		return err
+	}
+	// The capabilities first: a QEMU that refuses one is left as it was.
+	if err := run(ctx, q, "primary COLO start", false, []step{colo(t.RAMAhead)}); err != nil {
+		if t.RAMAhead && strings.Contains(err.Error(), "x-colo-ram-ahead") {
+			return fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
+		}
 		return err
 	}
 	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
@@ -187,7 +195,6 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
 		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
 			"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}},
-		colo(t.RAMAhead),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
 	})
