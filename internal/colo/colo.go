@@ -166,13 +166,6 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 	if err != nil {
 		return err
 	}
-	// The capabilities first: a QEMU that refuses one is left as it was.
-	if err := run(ctx, q, "primary COLO start", false, []step{colo(t.RAMAhead)}); err != nil {
-		if t.RAMAhead && strings.Contains(err.Error(), "x-colo-ram-ahead") {
-			return fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
-		}
-		return err
-	}
 	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
 		s.Path(StreamNBD)+",file.export=parent0,node-name=replication0"); err != nil {
 		return err
@@ -195,9 +188,22 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
 		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
 			"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}},
+		colo(t.RAMAhead),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
 	})
+}
+
+// PrimaryCapabilities checks that the primary's QEMU takes the migration capabilities t needs,
+// and sets them; StartPrimary sets them again. Called before a protection changes anything, so
+// that a QEMU that refuses one (one without lockstep's patch for RAMAhead) costs no disk resync
+// and gets an error that says what to do.
+func PrimaryCapabilities(ctx context.Context, q *qmp.Conn, t Tuning) error {
+	err := run(ctx, q, "primary capabilities", false, []step{colo(t.RAMAhead)})
+	if err != nil && t.RAMAhead && strings.Contains(err.Error(), "x-colo-ram-ahead") {
+		return fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
+	}
+	return err
 }
 
 // Netdev is the id of the backend of the VM's one NIC, which the packet filters attach to: each

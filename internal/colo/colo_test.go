@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -70,29 +71,30 @@ func (f *fakeQEMU) commands() []string {
 	return append([]string(nil), f.cmds...)
 }
 
-// TestStartPrimaryOnAQEMUWithoutRAMAhead: a QEMU without lockstep's x-colo-ram-ahead refuses the
-// capability (QEMU 10.2's own words below). The primary is left as it was, and the error says
-// what to do.
-func TestStartPrimaryOnAQEMUWithoutRAMAhead(t *testing.T) {
+// TestAQEMUWithoutRAMAheadIsRefusedFirst: a QEMU without lockstep's x-colo-ram-ahead refuses the
+// capability (QEMU 10.2's own words below). PrimaryCapabilities, which a protection runs first, says
+// what to do; a QEMU that takes it gets it again in StartPrimary's COLO start.
+func TestAQEMUWithoutRAMAheadIsRefusedFirst(t *testing.T) {
 	ctx := context.Background()
-	s := Sockets{Dir: t.TempDir()}
+	tuning := Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond, RAMAhead: true}
 	f := &fakeQEMU{refuse: map[string]string{"migrate-set-capabilities": "Parameter 'capability' does not accept value 'x-colo-ram-ahead'"}}
-	err := StartPrimary(ctx, f.conn(t), s, Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond, RAMAhead: true}, false)
+	err := PrimaryCapabilities(ctx, f.conn(t), tuning)
 	if err == nil || !strings.Contains(err.Error(), "--colo-ram-ahead=false") {
-		t.Fatalf("StartPrimary: %v, want an error that names --colo-ram-ahead=false", err)
+		t.Fatalf("PrimaryCapabilities: %v, want an error that names --colo-ram-ahead=false", err)
 	}
-	for _, c := range f.commands() {
-		if c != "qmp_capabilities" && c != "qom-list" && c != "qom-get" && c != "migrate-set-capabilities" {
-			t.Errorf("StartPrimary ran %s before the capability was refused: %v", c, f.commands())
-		}
+	if err := PrimaryCapabilities(ctx, f.conn(t), Tuning{}); err == nil || strings.Contains(err.Error(), "--colo-ram-ahead") {
+		t.Fatalf("PrimaryCapabilities without RAMAhead, refused: %v, want QEMU's error alone", err)
 	}
 
-	// Without RAMAhead no capability is refused: every step runs, the migration last.
 	f = &fakeQEMU{}
-	if err := StartPrimary(ctx, f.conn(t), s, Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond}, false); err != nil {
+	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
 		t.Fatal(err)
 	}
-	if cmds := f.commands(); cmds[len(cmds)-1] != "migrate" {
-		t.Fatalf("the commands: %v, want the migration last", cmds)
+	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false); err != nil {
+		t.Fatal(err)
+	}
+	cmds := f.commands()
+	if n := slices.Index(cmds, "migrate-set-capabilities"); n < 0 || !slices.Contains(cmds[n+1:], "migrate-set-capabilities") || cmds[len(cmds)-1] != "migrate" {
+		t.Fatalf("the commands: %v, want the capabilities set by both, and the migration last", cmds)
 	}
 }

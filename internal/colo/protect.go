@@ -56,6 +56,9 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		e.mu.Unlock()
 		cancel()
 	}()
+	if err := PrimaryCapabilities(ctx, q, e.cfg.Tuning); err != nil {
+		return err
+	}
 	to := target(e.cfg.Pair, peer)
 	if to.Addr == "" || peer.Member == "" {
 		return errors.New("no secondary to protect the VM with")
