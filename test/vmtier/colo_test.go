@@ -3,10 +3,19 @@
 package vmtier
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/counter"
 )
 
 // stack is how members are launched: directly by the test, or viaLibvirt (KubeVirt's way,
@@ -140,4 +149,84 @@ func partition(t *testing.T, on stack) {
 	t.Logf("the partition was decided for %s; %s is fenced: %s", winner.name, loser.name, loser.agent.Status().Message)
 	cl.serveFor("the winner serves after the partition", 15*time.Second)
 	cl.checkDisk(winner)
+}
+
+// TestColoFailoverWhileRAMGoesAhead kills the primary's QEMU the moment it begins to send a
+// checkpoint's dirty RAM ahead, with its VM running (hack/qemu/colo-send-ram-ahead.patch). The
+// secondary holds those pages in its RAM cache only, so it must go live from the checkpoint
+// before, with nothing lost: the same checks as every failover. The guest is kept busy (the
+// mail-like service, which leaves the counter alone) so that a few megabytes go ahead and the
+// kill lands while they do; the test says where it landed and fails if it never landed inside.
+func TestColoFailoverWhileRAMGoesAhead(t *testing.T) {
+	if !ramAhead {
+		t.Skip("VMTIER_RAM_AHEAD=off: no RAM goes ahead")
+	}
+	c, cl, p, s := protectedPair(t, 2, direct)
+	stop := c.busyMail()
+	defer stop()
+
+	qlog, err := os.Open(p.qemuLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = qlog.Close() }()
+	seen, _ := qlog.Seek(0, io.SeekEnd)
+	buf := make([]byte, 64<<10)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, _ := qlog.ReadAt(buf, seen)
+		if i := bytes.Index(buf[:n], []byte("Send 'ram-ahead' message")); i >= 0 {
+			p.kill9()
+			seen += int64(i)
+			break
+		}
+		if n > 100 { // keep the tail, where a line may be cut
+			seen += int64(n - 100)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no checkpoint sent RAM ahead in a minute")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	killed := time.Now()
+	<-p.exited
+	stop()
+	rest, _ := io.ReadAll(io.NewSectionReader(qlog, seen, 1<<30))
+	if bytes.Contains(rest, []byte("colo_send_ram_ahead")) {
+		t.Fatalf("the kill landed after the RAM went ahead, not while it did:\n%s", rest)
+	}
+	t.Logf("killed while the RAM went ahead; what the primary logged after it began:\n%s", rest)
+	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU while RAM went ahead")
+	c.waitState(p, failover.Fenced, 10*time.Second)
+}
+
+// busyMail keeps the guest busy with the mail-like service (each message written to the disk
+// and flushed) until the returned stop is called. Errors end a connection, not the test: the VM
+// may fail over under it.
+func (c *cluster) busyMail() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			conn, err := testnet.DialContext(ctx, c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", counter.Port+1))
+			if err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			r := bufio.NewReader(conn)
+			for i := 0; i < 10 && ctx.Err() == nil; i++ {
+				if _, err := fmt.Fprintf(conn, "message %d\n", i); err != nil {
+					break
+				}
+				if _, err := r.ReadString('\n'); err != nil {
+					break
+				}
+			}
+			_ = conn.Close()
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-done }) }
 }

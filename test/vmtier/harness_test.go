@@ -134,7 +134,7 @@ func newCluster(t testing.TB, nodes int) *cluster { return newClusterOf(t, nodes
 // process; without it, the test runs lockstepd processes itself.
 func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
 	c := &cluster{inProcess: inProcess, t: t, qemu: build(t, "qemu.sh"), guest: build(t, "guest.sh"), lease: &leasedouble.Lease{}, ca: pki.New(t, "ca"), dir: t.TempDir(),
-		trace: []string{"colo_send_ram_ahead", "colo_checkpoint_ram"}}
+		trace: []string{"colo_send_ram_ahead", "colo_checkpoint_ram", "colo_send_message"}}
 	// The members' directories hold Unix sockets, whose paths end at 107 bytes: a short run
 	// directory, as lockstepd's default /var/run/lockstep is.
 	runDir, err := os.MkdirTemp("", "ls")
