@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -14,10 +15,12 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 )
 
-// fakeQEMU is a QMP monitor of a VM with one NIC (netdev hn0) that answers every command with
-// success, except those refuse names (command -> QEMU's error), and records the commands.
+// fakeQEMU is a QMP monitor that answers every command with success, except those refuse names
+// (command -> QEMU's error), and records the commands. Its machine's devices are devices (id ->
+// netdev, "" for a device that is not a NIC); none given, one NIC, e0, on netdev hn0.
 type fakeQEMU struct {
-	refuse map[string]string
+	refuse  map[string]string
+	devices map[string]string
 
 	mu   sync.Mutex
 	cmds []string
@@ -25,6 +28,9 @@ type fakeQEMU struct {
 
 func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 	t.Helper()
+	if f.devices == nil {
+		f.devices = map[string]string{"e0": "hn0"}
+	}
 	client, server := net.Pipe()
 	go func() {
 		w := json.NewEncoder(server)
@@ -32,8 +38,9 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 		r := bufio.NewScanner(server)
 		for r.Scan() {
 			var req struct {
-				Execute string `json:"execute"`
-				ID      string `json:"id"`
+				Execute   string         `json:"execute"`
+				ID        string         `json:"id"`
+				Arguments map[string]any `json:"arguments"`
 			}
 			if json.Unmarshal(r.Bytes(), &req) != nil {
 				return
@@ -41,18 +48,27 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 			f.mu.Lock()
 			f.cmds = append(f.cmds, req.Execute)
 			f.mu.Unlock()
+			reply := map[string]any{"id": req.ID, "return": map[string]any{}}
 			switch {
 			case f.refuse[req.Execute] != "":
-				_ = w.Encode(map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": f.refuse[req.Execute]}})
+				reply = map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": f.refuse[req.Execute]}}
 			case req.Execute == "qom-list":
-				_ = w.Encode(map[string]any{"id": req.ID, "return": []map[string]string{{"name": "e0", "type": "child<virtio-net-pci>"}}})
+				list := []map[string]string{{"name": "type", "type": "string"}}
+				for id := range f.devices {
+					list = append(list, map[string]string{"name": id, "type": "child<some-device>"})
+				}
+				reply["return"] = list
 			case req.Execute == "qom-get":
-				_ = w.Encode(map[string]any{"id": req.ID, "return": "hn0"})
+				path, _ := req.Arguments["path"].(string)
+				if nd := f.devices[strings.TrimPrefix(path, "/machine/peripheral/")]; nd != "" && req.Arguments["property"] == "netdev" {
+					reply["return"] = nd
+				} else {
+					reply = map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": fmt.Sprintf("Property '%v' not found", req.Arguments["property"])}}
+				}
 			case req.Execute == "human-monitor-command":
-				_ = w.Encode(map[string]any{"id": req.ID, "return": ""})
-			default:
-				_ = w.Encode(map[string]any{"id": req.ID, "return": map[string]any{}})
+				reply["return"] = ""
 			}
+			_ = w.Encode(reply)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,62 +1,18 @@
 package colo
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 )
 
-// peripherals answers the QOM queries Netdev makes, for a machine with the given devices (id ->
-// netdev, "" for a device that is not a NIC).
+// peripherals is the monitor of a machine with the given devices (id -> netdev, "" for a device
+// that is not a NIC), for the QOM queries Netdev makes.
 func peripherals(t *testing.T, devices map[string]string) *qmp.Conn {
 	t.Helper()
-	client, server := net.Pipe()
-	go func() {
-		w := json.NewEncoder(server)
-		_ = w.Encode(map[string]any{"QMP": map[string]any{"version": map[string]any{}, "capabilities": []string{}}})
-		r := bufio.NewScanner(server)
-		for r.Scan() {
-			var req struct {
-				Execute   string            `json:"execute"`
-				ID        string            `json:"id"`
-				Arguments map[string]string `json:"arguments"`
-			}
-			if json.Unmarshal(r.Bytes(), &req) != nil {
-				return
-			}
-			switch req.Execute {
-			case "qmp_capabilities":
-				_ = w.Encode(map[string]any{"id": req.ID, "return": map[string]any{}})
-			case "qom-list":
-				list := []map[string]string{{"name": "type", "type": "string"}}
-				for id := range devices {
-					list = append(list, map[string]string{"name": id, "type": "child<some-device>"})
-				}
-				_ = w.Encode(map[string]any{"id": req.ID, "return": list})
-			case "qom-get":
-				id := strings.TrimPrefix(req.Arguments["path"], "/machine/peripheral/")
-				if nd := devices[id]; nd != "" && req.Arguments["property"] == "netdev" {
-					_ = w.Encode(map[string]any{"id": req.ID, "return": nd})
-				} else {
-					_ = w.Encode(map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": "Property '" + req.Arguments["property"] + "' not found"}})
-				}
-			}
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	q, err := qmp.New(ctx, client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Close() })
-	return q
+	return (&fakeQEMU{devices: devices}).conn(t)
 }
 
 // TestNetdevIsTheOneNICsBackend: the packet filters go on the backend of the VM's one NIC,
