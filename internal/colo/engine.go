@@ -28,6 +28,7 @@ type EngineConfig struct {
 	// Sockets is the member's directory, shared by its launcher and lockstepd: lockstepd's QMP
 	// monitor (Sockets.QMP) and the stream sockets.
 	Sockets Sockets
+	// Tuning is how the primary checkpoints.
 	Tuning
 	// Relay is the node's stream server; TLS and Dial reach the peer node's.
 	Relay *relay.Server

@@ -3,10 +3,8 @@
 package vmtier
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -14,8 +12,6 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/testnet"
-	"github.com/lockstep-dev/lockstep/test/counter"
 )
 
 // stack is how members are launched: directly by the test, or viaLibvirt (KubeVirt's way,
@@ -200,31 +196,17 @@ func TestColoFailoverWhileRAMGoesAhead(t *testing.T) {
 	c.waitState(p, failover.Fenced, 10*time.Second)
 }
 
-// busyMail keeps the guest busy with the mail-like service (each message written to the disk
-// and flushed) until the returned stop is called. Errors end a connection, not the test: the VM
-// may fail over under it.
+// busyMail keeps the guest busy with the mail-like service (mailSession) until the returned
+// stop is called. An error ends a connection, not the test: the VM may fail over under it.
 func (c *cluster) busyMail() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			conn, err := testnet.DialContext(ctx, c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", counter.Port+1))
-			if err != nil {
+			if mailSession(ctx, c, func(time.Duration) {}) != nil {
 				time.Sleep(50 * time.Millisecond)
-				continue
 			}
-			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-			r := bufio.NewReader(conn)
-			for i := 0; i < 10 && ctx.Err() == nil; i++ {
-				if _, err := fmt.Fprintf(conn, "message %d\n", i); err != nil {
-					break
-				}
-				if _, err := r.ReadString('\n'); err != nil {
-					break
-				}
-			}
-			_ = conn.Close()
 		}
 	}()
 	var once sync.Once

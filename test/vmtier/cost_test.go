@@ -116,30 +116,41 @@ func mailLike(c *cluster, d time.Duration) load {
 	l := load{name: "mail-like (10 committed messages a connection)", unit: "messages/s"}
 	start := time.Now()
 	for time.Since(start) < d {
-		conn, err := testnet.DialContext(context.Background(), c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", counter.Port+1))
-		if err != nil {
+		if err := mailSession(context.Background(), c, func(took time.Duration) { l.latencies = append(l.latencies, took) }); err != nil {
 			c.t.Fatalf("the mail service: %v", err)
 		}
-		_ = conn.SetDeadline(time.Now().Add(time.Minute))
-		r := bufio.NewReader(conn)
-		for i := range 10 {
-			t0 := time.Now()
-			if _, err := fmt.Fprintf(conn, "message %d from the benchmark's client, a line of some length\n", i); err != nil {
-				c.t.Fatalf("the mail service: %v", err)
-			}
-			line, err := r.ReadString('\n')
-			if err != nil || !strings.HasPrefix(line, "250 ") {
-				c.t.Fatalf("the mail service answered %q: %v", line, err)
-			}
-			l.latencies = append(l.latencies, time.Since(t0))
-		}
-		_, _ = fmt.Fprintf(conn, "QUIT\n")
-		_, _ = r.ReadString('\n')
-		_ = conn.Close()
 		l.replies += 11 // ten 250s and the 221
 	}
 	l.perSecond = float64(len(l.latencies)) / time.Since(start).Seconds()
 	return l.sorted()
+}
+
+// mailSession is one connection of the guest's mail-like service: ten messages, each answered
+// with a 250 once the guest has written it to its disk and flushed it, then QUIT. answered sees
+// each message's latency. Ending ctx closes the connection.
+func mailSession(ctx context.Context, c *cluster, answered func(time.Duration)) error {
+	conn, err := testnet.DialContext(ctx, c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", counter.Port+1))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
+	_ = conn.SetDeadline(time.Now().Add(time.Minute))
+	r := bufio.NewReader(conn)
+	for i := range 10 {
+		t0 := time.Now()
+		if _, err := fmt.Fprintf(conn, "message %d from the benchmark's client, a line of some length\n", i); err != nil {
+			return err
+		}
+		line, err := r.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "250 ") {
+			return fmt.Errorf("answered %q: %v", line, err)
+		}
+		answered(time.Since(t0))
+	}
+	_, _ = fmt.Fprintf(conn, "QUIT\n")
+	_, _ = r.ReadString('\n')
+	return nil
 }
 
 func bulkStream(c *cluster, d time.Duration) load {
@@ -228,8 +239,9 @@ func (r checkpointRAM) String() string {
 func readCheckpointRAM(m *member) checkpointRAM {
 	data, _ := os.ReadFile(m.qemuLog)
 	var r checkpointRAM
+	events := map[string]*[]int{"colo_checkpoint_ram": &r.stopped, "colo_send_ram_ahead": &r.ahead}
 	for _, line := range strings.Split(string(data), "\n") {
-		for event, into := range map[string]*[]int{"colo_checkpoint_ram": &r.stopped, "colo_send_ram_ahead": &r.ahead} {
+		for event, into := range events {
 			if _, rest, ok := strings.Cut(line, event+" "); ok {
 				if f := strings.Fields(rest); len(f) > 0 {
 					if n, err := strconv.Atoi(f[0]); err == nil {
