@@ -108,6 +108,7 @@ up() {
   install
   start kubevirt-double
   start operator
+  if full_stack; then wait_hosts "$nodes"; fi
   echo ">> cluster $NAME up: $nodes nodes, the lockstep operator and the KubeVirt test double running" >&2
   echo ">> export KUBECONFIG=$KUBECONFIG_PATH" >&2
 }
@@ -129,6 +130,27 @@ install() {
     "$ROOT/bin/kustomize" build "$ROOT/config/lockstepd" | kubectl apply --server-side --force-conflicts -f - >/dev/null
   fi
   kubectl wait --for condition=Established --timeout 60s crd --all >/dev/null
+}
+
+# wait_hosts N: until the hosts of node-1..N are up, each with its lockstepd running, so that a VM
+# applied as soon as `up` returns lands on hosts that are there.
+wait_hosts() {
+  local i ns pid missing
+  for _ in $(seq 1 600); do
+    missing=()
+    for i in $(seq 1 "$1"); do
+      ns="${NAME}_node-$i"
+      ip netns list | grep -q "^$ns\b" || { missing+=("node-$i"); continue; }
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = lockstepd ] && continue 2
+      done
+      missing+=("node-$i")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    sleep 0.2
+  done
+  echo ">> the hosts of ${missing[*]} are not up after 2 minutes: see $RUN_DIR/kubevirt-double.log" >&2
+  exit 1
 }
 
 full_stack() { [ -n "${FULL_STACK:-}" ] && [ "${FULL_STACK}" != 0 ]; }

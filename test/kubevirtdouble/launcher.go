@@ -3,6 +3,7 @@ package kubevirtdouble
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -79,7 +80,7 @@ func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	switch {
 	case apierrors.IsNotFound(err):
 		if vmi.Status.NodeName != "" || vmi.Status.Phase == virtv1.Scheduled || vmi.Status.Phase == virtv1.Running {
-			return ctrl.Result{}, l.mirror(ctx, vmi, nil) // it had a pod: PodNotExists
+			return l.mirror(ctx, vmi, nil) // it had a pod: PodNotExists
 		}
 		return ctrl.Result{}, l.createPod(ctx, vmi)
 	case err != nil:
@@ -91,7 +92,7 @@ func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		}
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, l.mirror(ctx, vmi, pod)
+	return l.mirror(ctx, vmi, pod)
 }
 
 func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInstance) error {
@@ -163,8 +164,13 @@ func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod,
 	}, nil
 }
 
+// hostPoll is how often the double looks again at a member whose node's host is down: a host that
+// is not up yet (the local cluster makes hosts as it sees their nodes, and a pod may be bound
+// first) or that died. Nothing else would bring the VMI back: no event marks a host coming up.
+const hostPoll = 2 * time.Second
+
 // mirror writes what the pod (nil: gone) says into the VMI status.
-func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) error {
+func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (ctrl.Result, error) {
 	base := vmi.DeepCopy()
 	phase, ready := Mirror(pod)
 	if l.Domains != nil && vmi.Labels[ftv1.LabelPair] != "" && pod != nil && pod.Spec.NodeName != "" && pod.DeletionTimestamp == nil &&
@@ -172,7 +178,8 @@ func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 		state, why := l.Domains.State(vmi, pod.Spec.NodeName)
 		switch state {
 		case HostDown:
-			return nil // nothing on a dead host reports: the VMI stays as it was
+			// Nothing on a dead host reports: the VMI stays as it was, until its host is up.
+			return ctrl.Result{RequeueAfter: hostPoll}, nil
 		case DomainStarting:
 			phase, ready = virtv1.Scheduled, notReady("GuestNotRunning", "virt-launcher is starting the domain")
 		case DomainExited:
@@ -187,7 +194,7 @@ func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 	if pod != nil {
 		vmi.Status.Conditions = setCondition(vmi.Status.Conditions, scheduledCondition(pod))
 	}
-	return l.patchStatus(ctx, vmi, base)
+	return ctrl.Result{}, l.patchStatus(ctx, vmi, base)
 }
 
 // Mirror maps a launcher pod (nil: gone) to the VMI phase and Ready condition KubeVirt reports.

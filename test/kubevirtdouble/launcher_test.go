@@ -1,12 +1,17 @@
 package kubevirtdouble
 
 import (
+	"context"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
 func TestMirrorReportsWhatKubeVirtWould(t *testing.T) {
@@ -75,5 +80,27 @@ func TestLauncherPodCarriesWhatTheSchedulerNeeds(t *testing.T) {
 	vmi.Spec.Domain.Resources.Requests = nil
 	if _, err := LauncherPod(vmi, "img"); err == nil {
 		t.Error("a VMI without memory must be refused")
+	}
+}
+
+// A member whose launcher pod was bound before its node's host was up is looked at again until
+// the host is up: nothing else would bring it back (a VM applied right after the local cluster's
+// `up` stayed Scheduling for good).
+func TestAMemberWhoseHostIsNotUpYetIsLookedAtAgain(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, virtv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vmi := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm-1", UID: "u1",
+		Labels: map[string]string{"ft.lockstep.dev/pair": "vm"}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: LauncherPodName("vm-1"), Labels: map[string]string{LabelCreatedBy: "u1"}},
+		Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vmi, pod).Build()
+	l := &Launcher{Client: c, Domains: &Domains{Hosts: &Hosts{}}}
+	res, err := l.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "vm-1"}})
+	if err != nil || res.RequeueAfter <= 0 {
+		t.Fatalf("got %+v, %v; want a requeue while node-1's host is down", res, err)
 	}
 }
