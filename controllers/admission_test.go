@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -171,6 +172,21 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 			spec(f).Domain.Devices.Interfaces = append(spec(f).Domain.Devices.Interfaces, virtv1.Interface{Name: "net1", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}})
 			spec(f).Networks = append(spec(f).Networks, virtv1.Network{Name: "net1", NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: "ft-logging"}}})
 		}, "not attached to the guest"),
+		Entry("a multiqueue NIC", func(f *ftv1.FaultTolerantVM) { spec(f).Domain.Devices.NetworkInterfaceMultiQueue = ptr.To(true) },
+			"COLO compares the packets of a NIC with one queue"),
+		Entry("two NICs", func(f *ftv1.FaultTolerantVM) {
+			spec(f).Domain.Devices.Interfaces = append(spec(f).Domain.Devices.Interfaces, virtv1.Interface{Name: "net1", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}})
+			spec(f).Networks = append(spec(f).Networks, virtv1.Network{Name: "net1", NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: "vm-net"}}})
+		}, "COLO compares the packets of one NIC; the template has 2"),
+		Entry("bridge binding on the pod network", func(f *ftv1.FaultTolerantVM) {
+			spec(f).Domain.Devices.Interfaces[0].InterfaceBindingMethod = virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}
+		}, "bridge binding on the pod network gives the guest its launcher pod's address"),
+		Entry("a liveness probe", func(f *ftv1.FaultTolerantVM) {
+			spec(f).LivenessProbe = &virtv1.Probe{Handler: virtv1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
+		}, "liveness probes are not supported on fault tolerant VMs"),
+		Entry("a readiness probe", func(f *ftv1.FaultTolerantVM) {
+			spec(f).ReadinessProbe = &virtv1.Probe{Handler: virtv1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
+		}, "readiness probes are not supported on fault tolerant VMs"),
 		Entry("a logging network that does not exist", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Name = "no-such-network" },
 			"create it first, or give spec.loggingNetwork.config"),
 		Entry("a logging network configuration that is not CNI", func(f *ftv1.FaultTolerantVM) {

@@ -37,6 +37,8 @@ func Validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	errs = append(errs, validateDisks(vmi, spec.Child("domain", "devices", "disks"))...)
 	errs = append(errs, validateVolumes(vmi, spec.Child("volumes"))...)
 	errs = append(errs, validateNetworks(vmi, spec, ftvm)...)
+	errs = append(errs, validateComparedNIC(vmi, spec)...)
+	errs = append(errs, validateProbes(vmi, spec)...)
 	return errs
 }
 
@@ -245,6 +247,51 @@ func validateNetworks(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path, 
 			errs = append(errs, field.Forbidden(p.Child("multus", "networkName"),
 				"the logging network carries lockstepd's replication streams (the VM's whole memory) and is not attached to the guest; give the VM another network"))
 		}
+	}
+	return errs
+}
+
+// validateComparedNIC: COLO releases what the guest sends only once the secondary's guest sent the
+// same (colo-compare), which QEMU's packet filters see on one NIC with one queue and no vhost (the
+// KubeVirt hook turns vhost off; netfilter refuses a multiqueue backend). The NIC's identity must
+// also move with the VM: bridge binding on the pod network hands the guest the launcher pod's own
+// address with an infinite DHCP lease, which the secondary's pod does not have.
+func validateComparedNIC(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	devices := path.Child("domain", "devices")
+	if mq := vmi.Domain.Devices.NetworkInterfaceMultiQueue; mq != nil && *mq {
+		errs = append(errs, field.Forbidden(devices.Child("networkInterfaceMultiqueue"),
+			"COLO compares the packets of a NIC with one queue (QEMU's packet filters refuse a multiqueue backend); remove networkInterfaceMultiqueue"))
+	}
+	if n := len(vmi.Domain.Devices.Interfaces); n > 1 {
+		errs = append(errs, field.Forbidden(devices.Child("interfaces"),
+			fmt.Sprintf("COLO compares the packets of one NIC; the template has %d: keep one (on an L2 network, so that the secondary takes over its address)", n)))
+	}
+	pod := map[string]bool{}
+	for _, n := range vmi.Networks {
+		pod[n.Name] = n.Pod != nil
+	}
+	for i, iface := range vmi.Domain.Devices.Interfaces {
+		if iface.Bridge != nil && pod[iface.Name] {
+			errs = append(errs, field.Forbidden(devices.Child("interfaces").Index(i).Child("bridge"),
+				"bridge binding on the pod network gives the guest its launcher pod's address with an infinite DHCP lease, and the secondary's pod has another one: after a failover the guest would keep an address that is no longer its own; use masquerade on the pod network, or bridge on a Multus L2 network"))
+		}
+	}
+	return errs
+}
+
+// validateProbes: a member's probes would go to its own launcher pod, and a COLO secondary's guest
+// answers only the primary's mirrored traffic (its replies go to colo-compare, not to the prober).
+// Its liveness probe would fail, and KubeVirt would restart the secondary, again and again; its
+// readiness would never be true. lockstepd watches both members instead (docs/operator.md).
+func validateProbes(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	const why = "a COLO secondary's guest answers only the primary's mirrored traffic, so a probe of the secondary fails (and KubeVirt would restart it); lockstepd watches both members: remove it"
+	if vmi.LivenessProbe != nil {
+		errs = append(errs, field.Forbidden(path.Child("livenessProbe"), "liveness probes are not supported on fault tolerant VMs: "+why))
+	}
+	if vmi.ReadinessProbe != nil {
+		errs = append(errs, field.Forbidden(path.Child("readinessProbe"), "readiness probes are not supported on fault tolerant VMs: "+why))
 	}
 	return errs
 }

@@ -106,6 +106,18 @@ func TestValidate(t *testing.T) {
 		{"shareable", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", Shareable: ptr.To(true)}}
 		}, "shareable"},
+		{"multiqueue", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.NetworkInterfaceMultiQueue = ptr.To(true)
+		}, "networkInterfaceMultiqueue: Forbidden: COLO compares the packets of a NIC with one queue"},
+		{"two NICs", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Interfaces = []virtv1.Interface{{Name: "a"}, {Name: "b"}}
+		}, "interfaces: Forbidden: COLO compares the packets of one NIC; the template has 2"},
+		{"bridge on the pod network", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Interfaces = []virtv1.Interface{{Name: "default", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}}}
+			f.Spec.Template.Spec.Networks = []virtv1.Network{{Name: "default", NetworkSource: virtv1.NetworkSource{Pod: &virtv1.PodNetwork{}}}}
+		}, "interfaces[0].bridge: Forbidden: bridge binding on the pod network"},
+		{"liveness probe", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.LivenessProbe = &virtv1.Probe{} }, "livenessProbe: Forbidden"},
+		{"readiness probe", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.ReadinessProbe = &virtv1.Probe{} }, "readinessProbe: Forbidden"},
 		{"logging config not JSON", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Config = "macvlan" }, "not a JSON object"},
 		{"logging config without a type", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Config = `{"cniVersion":"1.0.0"}` }, `neither a "type"`},
 	}
@@ -121,6 +133,22 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("message %q does not contain %q", msg, c.want)
 			}
 		})
+	}
+}
+
+func TestWhatCOLOCanCompareIsValid(t *testing.T) {
+	f := valid()
+	spec := &f.Spec.Template.Spec
+	spec.Domain.Devices.NetworkInterfaceMultiQueue = ptr.To(false)
+	spec.Domain.Devices.Interfaces = []virtv1.Interface{{Name: "vmnet", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}}}
+	spec.Networks = []virtv1.Network{{Name: "vmnet", NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: "vm-net"}}}}
+	if errs := Validate(f); len(errs) != 0 {
+		t.Fatalf("one NIC bridged on a Multus network was refused: %v", errs)
+	}
+	spec.Domain.Devices.Interfaces[0].InterfaceBindingMethod = virtv1.InterfaceBindingMethod{Masquerade: &virtv1.InterfaceMasquerade{}}
+	spec.Networks[0].NetworkSource = virtv1.NetworkSource{Pod: &virtv1.PodNetwork{}}
+	if errs := Validate(f); len(errs) != 0 {
+		t.Fatalf("masquerade on the pod network was refused: %v", errs)
 	}
 }
 
