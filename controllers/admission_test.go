@@ -181,6 +181,10 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		Entry("bridge binding on the pod network", func(f *ftv1.FaultTolerantVM) {
 			spec(f).Domain.Devices.Interfaces[0].InterfaceBindingMethod = virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}
 		}, "bridge binding on the pod network gives the guest its launcher pod's address"),
+		Entry("a cloud-init config drive", func(f *ftv1.FaultTolerantVM) {
+			spec(f).Volumes = append(spec(f).Volumes, virtv1.Volume{Name: "ci", VolumeSource: virtv1.VolumeSource{CloudInitConfigDrive: &virtv1.CloudInitConfigDriveSource{UserData: "#cloud-config"}}})
+			spec(f).Domain.Devices.Disks = append(spec(f).Domain.Devices.Disks, virtv1.Disk{Name: "ci"})
+		}, "use cloudInitNoCloud"),
 		Entry("a liveness probe", func(f *ftv1.FaultTolerantVM) {
 			spec(f).LivenessProbe = &virtv1.Probe{Handler: virtv1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}}
 		}, "liveness probes are not supported on fault tolerant VMs"),

@@ -218,6 +218,13 @@ func validateVolumes(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) f
 			errs = append(errs, field.Forbidden(p.Child("memoryDump"), "memoryDump volumes are not supported for fault tolerant VMs"))
 		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.Hotpluggable:
 			errs = append(errs, field.Forbidden(p.Child("persistentVolumeClaim", "hotpluggable"), "hotplugged volumes are not supported for fault tolerant VMs"))
+		case v.CloudInitConfigDrive != nil:
+			// KubeVirt gives a config drive the instance_id <VMI name>.<namespace>, and the members
+			// are VMIs of their own names: after a failover, the next boot would find a new
+			// instance and run cloud-init's per-instance modules again (new SSH host keys, users).
+			// NoCloud's instance-id is the firmware UUID, which both members share.
+			errs = append(errs, field.Forbidden(p.Child("cloudInitConfigDrive"),
+				"a config drive's instance_id is the VMI's name, which differs between the two members, so the guest would take itself for a new instance after a failover; use cloudInitNoCloud (its instance-id is the firmware UUID, the same on both)"))
 		case v.DownwardMetrics != nil:
 			errs = append(errs, field.Forbidden(p.Child("downwardMetrics"),
 				"downward metrics show each member its own host, so the two copies of the guest would read different values; remove it"))

@@ -116,6 +116,9 @@ func TestValidate(t *testing.T) {
 			f.Spec.Template.Spec.Domain.Devices.Interfaces = []virtv1.Interface{{Name: "default", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}}}
 			f.Spec.Template.Spec.Networks = []virtv1.Network{{Name: "default", NetworkSource: virtv1.NetworkSource{Pod: &virtv1.PodNetwork{}}}}
 		}, "interfaces[0].bridge: Forbidden: bridge binding on the pod network"},
+		{"config drive", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Volumes = append(f.Spec.Template.Spec.Volumes, virtv1.Volume{Name: "ci", VolumeSource: virtv1.VolumeSource{CloudInitConfigDrive: &virtv1.CloudInitConfigDriveSource{UserData: "#cloud-config"}}})
+		}, "volumes[1].cloudInitConfigDrive: Forbidden: a config drive's instance_id is the VMI's name"},
 		{"liveness probe", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.LivenessProbe = &virtv1.Probe{} }, "livenessProbe: Forbidden"},
 		{"readiness probe", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.ReadinessProbe = &virtv1.Probe{} }, "readinessProbe: Forbidden"},
 		{"logging config not JSON", func(f *ftv1.FaultTolerantVM) { f.Spec.LoggingNetwork.Config = "macvlan" }, "not a JSON object"},
