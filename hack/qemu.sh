@@ -34,7 +34,7 @@ CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/qemu"
 # lockstep's own patches, applied in name order after Debian's.
 PATCHES=("$ROOT"/hack/qemu/*.patch)
 CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enable-tools
-  --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-vnc --disable-opengl
+  --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-opengl
   --disable-spice --disable-curl --disable-libusb --disable-usb-redir --disable-xen
   --disable-capstone --disable-slirp --disable-guest-agent --disable-rust --disable-install-blobs)
 # The cache key covers the version, the patch and the configuration.
