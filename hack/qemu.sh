@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's six patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's seven patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
@@ -8,9 +8,12 @@
 # checkpoint for each; the primary resuming once the secondary has received a checkpoint rather
 # than loaded it, and sending the dirtied RAM ahead of each checkpoint while its VM runs (two
 # shorter pauses); and, on the secondary, the invalidation of the translated code whose pages a
-# checkpoint rewrote (without it the secondary can run code that is no longer in memory). Only
-# qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap) and the tools (qemu-img
-# for the active and hidden disks) are built.
+# checkpoint rewrote (without it the secondary can run code that is no longer in memory); and, on
+# q35 (KubeVirt's machine), the ICH9 LPC bridge mapping its register block once when a checkpoint's
+# device state is loaded into the running secondary (without it the secondary aborts at its first
+# checkpoint). Only qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap; and
+# VNC, which KubeVirt's domains use) and the tools (qemu-img for the active and hidden disks) are
+# built.
 #
 #   hack/qemu.sh                      -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
 #   hack/qemu.sh --source DIR         -> only fetches, checks and patches the source into DIR

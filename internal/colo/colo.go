@@ -154,6 +154,14 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 	return jobs, err
 }
 
+// Every packet filter and colo-compare of a pair, on both sides, runs with vnet_hdr_support: the
+// chardevs between them then carry each packet's virtio-net header length beside it, so that
+// colo-compare and filter-rewriter find the IP header behind the header that a virtio NIC on a
+// tap with IFF_VNET_HDR (libvirt's, QEMU's default) puts before every frame. Without it nothing
+// parses: the primary's packets leave uncompared, and the rewriter rewrites nothing. A NIC
+// without a header (rtl8139, e1000) sends a length of 0, so the setting is right for every NIC;
+// both ends of each chardev must agree, or its framing is lost without an error.
+
 // StartPrimary makes a primary whose disk was resynced (and whose VM is stopped, so that nothing
 // changes between the resync and the migration) replicate its disk writes, divert its packets
 // through colo-compare, and migrate into COLO, checkpointing as t says (at least every
@@ -171,7 +179,7 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		return err
 	}
 	filter := func(typ, id string, kv ...string) step {
-		args := map[string]any{"qom-type": typ, "id": id, "netdev": netdev}
+		args := map[string]any{"qom-type": typ, "id": id, "netdev": netdev, "vnet_hdr_support": true}
 		for i := 0; i+1 < len(kv); i += 2 {
 			args[kv[i]] = kv[i+1]
 		}
@@ -186,7 +194,7 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
-		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1",
+		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1", "vnet_hdr_support": true,
 			"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}},
 		colo(t.RAMAhead),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},

@@ -22,8 +22,9 @@ type fakeQEMU struct {
 	refuse  map[string]string
 	devices map[string]string
 
-	mu   sync.Mutex
-	cmds []string
+	mu      sync.Mutex
+	cmds    []string
+	objects []map[string]any // the arguments of each object-add
 }
 
 func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
@@ -47,6 +48,9 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 			}
 			f.mu.Lock()
 			f.cmds = append(f.cmds, req.Execute)
+			if req.Execute == "object-add" {
+				f.objects = append(f.objects, req.Arguments)
+			}
 			f.mu.Unlock()
 			reply := map[string]any{"id": req.ID, "return": map[string]any{}}
 			switch {
@@ -112,5 +116,43 @@ func TestAQEMUWithoutRAMAheadIsRefusedFirst(t *testing.T) {
 	cmds := f.commands()
 	if n := slices.Index(cmds, "migrate-set-capabilities"); n < 0 || !slices.Contains(cmds[n+1:], "migrate-set-capabilities") || cmds[len(cmds)-1] != "migrate" {
 		t.Fatalf("the commands: %v, want the capabilities set by both, and the migration last", cmds)
+	}
+}
+
+// TestEveryPacketFilterCarriesTheVirtioNetHeader: the primary's filters and colo-compare, and the
+// secondary's, all say vnet_hdr_support (a virtio NIC's packets parse only so, and the two ends of
+// each chardev must agree on its framing).
+func TestEveryPacketFilterCarriesTheVirtioNetHeader(t *testing.T) {
+	f := &fakeQEMU{}
+	s := Sockets{Dir: t.TempDir()}
+	if err := StartPrimary(context.Background(), f.conn(t), s, Tuning{Checkpoint: time.Second, CompareTimeout: time.Second}, false); err != nil {
+		t.Fatal(err)
+	}
+	packets := 0
+	for _, o := range f.objects {
+		typ, _ := o["qom-type"].(string)
+		if !strings.HasPrefix(typ, "filter-") && typ != "colo-compare" {
+			continue
+		}
+		packets++
+		if o["vnet_hdr_support"] != true {
+			t.Errorf("the primary's %s %v has no vnet_hdr_support", typ, o["id"])
+		}
+	}
+	if packets != 4 {
+		t.Errorf("the primary added %d filters and comparisons, want 4 (m0, redire0, redire1, colo-compare)", packets)
+	}
+	args := SecondaryNetArgs(s, "hn0")
+	filters := 0
+	for i, a := range args {
+		if i > 0 && args[i-1] == "-object" {
+			filters++
+			if !strings.Contains(a, ",vnet_hdr_support=on") {
+				t.Errorf("the secondary's %s has no vnet_hdr_support", a)
+			}
+		}
+	}
+	if filters != 3 {
+		t.Errorf("the secondary has %d filters, want 3 (f1, f2, rew0)", filters)
 	}
 }

@@ -28,6 +28,9 @@ type EngineConfig struct {
 	// Sockets is the member's directory, shared by its launcher and lockstepd: lockstepd's QMP
 	// monitor (Sockets.QMP) and the stream sockets.
 	Sockets Sockets
+	// Owner, when set, is the user the member's QEMU runs as: the stream sockets lockstepd makes
+	// for QEMU to connect to are given to it (nil: QEMU runs as lockstepd's user).
+	Owner *relay.Owner
 	// Tuning is how the primary checkpoints.
 	Tuning
 	// Relay is the node's stream server; TLS and Dial reach the peer node's.

@@ -28,7 +28,9 @@ type VM struct {
 }
 
 // Args is the command line every QEMU of lockstep's runs with, COLO or not: TCG, the guest, the
-// console, QMP, and the NIC on the tap.
+// console, QMP, and the NIC on the tap: virtio, as KubeVirt's, on a tap that carries the
+// virtio-net header (as libvirt opens it for a virtio NIC), with vhost off (COLO's filters refuse
+// it; the KubeVirt hook turns it off).
 func (vm VM) Args(name string) []string {
 	args := []string{"-name", name, "-accel", "tcg", "-cpu", "qemu64", "-m", strconv.Itoa(max(vm.MemoryMB, 128)), "-smp", "1",
 		"-nodefaults", "-display", "none", "-vga", "none"}
@@ -43,8 +45,8 @@ func (vm VM) Args(name string) []string {
 	}
 	return append(args,
 		"-serial", "file:"+vm.Serial, "-qmp", "unix:"+vm.QMP+",server=on,wait=off",
-		"-netdev", "tap,id="+netdev+",ifname="+vm.Tap+",script=no,downscript=no,vhost=off",
-		"-device", "rtl8139,id=e0,netdev="+netdev+",mac="+vm.MAC+",romfile=")
+		"-netdev", "tap,id="+netdev+",ifname="+vm.Tap+",script=no,downscript=no,vhost=off,vnet_hdr=on",
+		"-device", "virtio-net-pci-non-transitional,id=e0,netdev="+netdev+",mac="+vm.MAC+",romfile=")
 }
 
 // netdev is the id of the test launcher's NIC backend.
@@ -54,22 +56,22 @@ const netdev = "hn0"
 // guest's disk device to (drive=colo-disk0), and to which protection adds the replication child.
 const DiskID = "colo-disk0"
 
-// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk as
-// the only child of a quorum, to which protection adds the replication child. The VM runs from
+// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk (a
+// raw image, as KubeVirt's disk.img of a filesystem claim) as the only child of a quorum, to which protection adds the replication child. The VM runs from
 // the start, as a launcher starts it: the operator gave the pair's record to this member before
 // it made it.
 func PrimaryArgs(vm VM, disk string) []string {
-	return append(append(vm.Args("primary"), PrimaryDiskArgs(disk, "qcow2")...), "-device", "virtio-blk-pci,drive="+DiskID)
+	return append(append(vm.Args("primary"), PrimaryDiskArgs(disk, "raw")...), "-device", "virtio-blk-pci,drive="+DiskID)
 }
 
-// SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk
-// (Protect resyncs it); active and hidden are empty qcow2 images of the same size (best on
+// SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk,
+// raw (Protect resyncs it); active and hidden are empty qcow2 images of the same size (best on
 // tmpfs): COLO writes the secondary's own writes and the primary's replicated ones there until a
 // failover merges them. Its packet streams dial the node's lockstepd, which carries them to the
 // primary; it takes the migration on its own socket.
 func SecondaryArgs(vm VM, parent, active, hidden string) []string {
 	args := append(vm.Args("secondary"), SecondaryNetArgs(vm.Sockets, netdev)...)
-	args = append(args, SecondaryDiskArgs(parent, "qcow2", active, hidden)...)
+	args = append(args, SecondaryDiskArgs(parent, "raw", active, hidden)...)
 	return append(append(args, "-device", "virtio-blk-pci,drive="+DiskID), IncomingArgs(vm.Sockets)...)
 }
 
@@ -109,14 +111,15 @@ func SecondaryDiskArgs(parent, format, active, hidden string) []string {
 // SecondaryNetArgs are the secondary's packet filters on its NIC's backend (netdev): the
 // primary's mirrored packets come in and its own go out to the primary's comparison, through the
 // member's stream sockets, which lockstepd relays; the rewriter keeps TCP sequence numbers in
-// step after a failover.
+// step after a failover. Each carries the virtio-net header's length, as the primary's do
+// (StartPrimary).
 func SecondaryNetArgs(s Sockets, netdev string) []string {
 	return []string{
 		"-chardev", "socket,id=red0,path=" + s.Path(StreamMirror) + ",reconnect-ms=1000",
 		"-chardev", "socket,id=red1,path=" + s.Path(StreamCompare) + ",reconnect-ms=1000",
-		"-object", "filter-redirector,id=f1,netdev=" + netdev + ",queue=tx,indev=red0",
-		"-object", "filter-redirector,id=f2,netdev=" + netdev + ",queue=rx,outdev=red1",
-		"-object", "filter-rewriter,id=rew0,netdev=" + netdev + ",queue=all",
+		"-object", "filter-redirector,id=f1,netdev=" + netdev + ",queue=tx,indev=red0,vnet_hdr_support=on",
+		"-object", "filter-redirector,id=f2,netdev=" + netdev + ",queue=rx,outdev=red1,vnet_hdr_support=on",
+		"-object", "filter-rewriter,id=rew0,netdev=" + netdev + ",queue=all,vnet_hdr_support=on",
 	}
 }
 

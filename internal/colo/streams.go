@@ -21,7 +21,7 @@ func (e *Engine) pairWith(peer func() relay.Target, cps *Checkpoints, dials, lis
 	pctx, cancel := context.WithCancel(context.Background())
 	p := &pairing{cancel: cancel}
 	for _, s := range dials {
-		f := &relay.Forward{Stream: s, Path: e.cfg.Sockets.Path(s), Peer: peer, TLS: e.cfg.TLS, Dial: e.cfg.Dial}
+		f := &relay.Forward{Stream: s, Path: e.cfg.Sockets.Path(s), Peer: peer, TLS: e.cfg.TLS, Dial: e.cfg.Dial, Owner: e.cfg.Owner}
 		if s == StreamMigration && cps != nil {
 			f.FromPeer = cps.Observe
 		}

@@ -2,6 +2,7 @@ package domainhook_test
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,30 +11,68 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/domainhook"
+	"github.com/lockstep-dev/lockstep/test/virtlauncher"
+)
+
+// The reference domains: a member VMI's domain as KubeVirt v1.9 generates it (testdata, with how
+// each was written).
+var references = []string{"q35-seabios.xml", "q35-ovmf.xml"}
+
+const (
+	rootImage   = "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"
+	activeImage = "/var/run/libvirt/empty-disks/colo-active.qcow2"
+	hiddenImage = "/var/run/libvirt/empty-disks/colo-hidden.qcow2"
 )
 
 func member(secondary bool) domainhook.Member {
-	return domainhook.Member{Secondary: secondary, Sockets: colo.Sockets{Dir: "/var/run/lockstep/0c4e2f1a"},
-		Disk: "ua-rootdisk", Active: "ua-colo-active", Hidden: "ua-colo-hidden"}
+	return domainhook.Member{Secondary: secondary, Sockets: colo.Sockets{Dir: "/var/run/lockstep/0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b"},
+		Disk:   domainhook.Disk{Alias: "ua-rootdisk", Image: rootImage, Format: "raw"},
+		Active: domainhook.Disk{Alias: "ua-colo-active", Image: activeImage, Format: "qcow2"},
+		Hidden: domainhook.Disk{Alias: "ua-colo-hidden", Image: hiddenImage, Format: "qcow2"}}
 }
 
-func mutate(t *testing.T, in []byte, m domainhook.Member) (*libvirtxml.Domain, error) {
+func reference(t *testing.T, name string) *libvirtxml.Domain {
 	t.Helper()
-	out, err := domainhook.Mutate(in, m)
+	raw, err := os.ReadFile(filepath.Join("testdata", "kubevirt-v1.9", name))
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
+	return parse(t, raw)
+}
+
+func parse(t *testing.T, raw []byte) *libvirtxml.Domain {
+	t.Helper()
 	var d libvirtxml.Domain
-	if err := d.Unmarshal(string(out)); err != nil {
-		t.Fatalf("the mutated domain does not parse: %v\n%s", err, out)
+	if err := d.Unmarshal(string(raw)); err != nil {
+		t.Fatalf("the domain does not parse: %v\n%s", err, raw)
 	}
-	return &d, nil
+	return &d
+}
+
+func marshal(t *testing.T, d *libvirtxml.Domain) []byte {
+	t.Helper()
+	s, err := d.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []byte(s)
+}
+
+func mutate(t *testing.T, d *libvirtxml.Domain, m domainhook.Member) *libvirtxml.Domain {
+	t.Helper()
+	out, err := domainhook.Mutate(marshal(t, d), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parse(t, out)
 }
 
 func args(d *libvirtxml.Domain) []string {
 	var a []string
-	for _, x := range d.QEMUCommandline.Args {
-		a = append(a, x.Value)
+	if d.QEMUCommandline != nil {
+		for _, x := range d.QEMUCommandline.Args {
+			a = append(a, x.Value)
+		}
 	}
 	return a
 }
@@ -57,129 +96,161 @@ func containsRun(got, want []string) bool {
 	return false
 }
 
-func TestMutate(t *testing.T) {
-	in, err := os.ReadFile("testdata/member.xml")
-	if err != nil {
-		t.Fatal(err)
+// TestTheDefineSequenceGivesOneMemberDomain: KubeVirt calls the hook on q35 first with placeholder
+// NICs, then on libvirt's read-back of that output (its devices, with KubeVirt's NICs put back, and
+// KubeVirt's original elsewhere: no <qemu:commandline>, no <qemu:override>); a third call (extra
+// root ports) gets the second's output. Every call must give the same member domain, on both
+// roles and both firmwares. Before, the second call failed ("disk ua-rootdisk is not backed by a
+// file") and the NIC lookup counted the placeholders.
+func TestTheDefineSequenceGivesOneMemberDomain(t *testing.T) {
+	for _, ref := range references {
+		for _, secondary := range []bool{false, true} {
+			role := map[bool]string{false: "primary", true: "secondary"}[secondary]
+			t.Run(strings.TrimSuffix(ref, ".xml")+"/"+role, func(t *testing.T) {
+				m := member(secondary)
+				d := reference(t, ref)
+				n := virtlauncher.Placeholders(d)
+				if n != 3 {
+					t.Fatalf("KubeVirt adds %d placeholder NICs to a q35 domain with one NIC, want 3", n)
+				}
+				first := mutate(t, virtlauncher.WithPlaceholders(d, n), m)
+				if got := len(first.Devices.Interfaces); got != 1+n {
+					t.Fatalf("the first call's output has %d NICs, want the VM's and %d placeholders", got, n)
+				}
+				second := mutate(t, virtlauncher.Readback(d, first), m)
+				checkMember(t, second, m)
+				third := mutate(t, second, m)
+				if !slices.Equal(marshal(t, third), marshal(t, second)) {
+					t.Errorf("the hook changed its own output:\n%s\n---\n%s", marshal(t, second), marshal(t, third))
+				}
+				// Without placeholders (one call), the same domain as the sequence's.
+				once := mutate(t, d, m)
+				if !slices.Equal(marshal(t, once), marshal(t, second)) {
+					t.Errorf("one call and the define sequence give different domains:\n%s\n---\n%s", marshal(t, once), marshal(t, second))
+				}
+			})
+		}
 	}
-	s := member(false).Sockets
-	rootImage := "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"
+}
 
-	t.Run("primary", func(t *testing.T) {
-		d, err := mutate(t, in, member(false))
-		if err != nil {
-			t.Fatal(err)
+// checkMember checks a member's domain: lockstepd's monitor and the role's COLO arguments once
+// each, the replicated disk's device on a read-only placeholder pointed at the quorum, the
+// overlays out of the guest's devices, the other disks as they were, and the NIC in userspace
+// with one queue.
+func checkMember(t *testing.T, d *libvirtxml.Domain, m domainhook.Member) {
+	t.Helper()
+	a := args(d)
+	s := m.Sockets
+	want := [][]string{colo.MonitorArgs(s), colo.PrimaryDiskArgs(rootImage, "raw")}
+	if m.Secondary {
+		want = [][]string{colo.MonitorArgs(s), colo.SecondaryNetArgs(s, "hostua-vmnet"), colo.SecondaryDiskArgs(rootImage, "raw", activeImage, hiddenImage), colo.IncomingArgs(s)}
+	}
+	for _, w := range want {
+		if !containsRun(a, w) {
+			t.Errorf("arguments %v lack %v", a, w)
 		}
-		a := args(d)
-		if a[0] != "-no-user-config" {
-			t.Errorf("the domain's own arguments were not kept first: %v", a)
-		}
-		for _, want := range [][]string{colo.MonitorArgs(s), colo.PrimaryDiskArgs(rootImage, "raw")} {
-			if !containsRun(a, want) {
-				t.Errorf("arguments %v lack %v", a, want)
-			}
-		}
-		for _, not := range []string{"-incoming", "filter-redirector"} {
-			if strings.Contains(strings.Join(a, " "), not) {
-				t.Errorf("a primary got %s: %v", not, a)
-			}
-		}
-		if disk(d, "ua-colo-active") != nil || disk(d, "ua-colo-hidden") != nil || len(d.Devices.Disks) != 2 {
-			t.Errorf("a primary's overlays are guest disks, or other disks changed: %d disks", len(d.Devices.Disks))
-		}
-		checkTakenOver(t, d)
-	})
+	}
+	if n := strings.Count(strings.Join(a, " "), colo.MonitorArgs(s)[1]); n != 1 {
+		t.Errorf("lockstepd's monitor is given %d times: %v", n, a)
+	}
+	if !m.Secondary && slices.ContainsFunc(a, func(x string) bool { return x == "-incoming" || strings.Contains(x, "filter-") }) {
+		t.Errorf("a primary got a secondary's arguments: %v", a)
+	}
+	root := disk(d, "ua-rootdisk")
+	if root == nil || root.Source.Block == nil || root.Source.Block.Dev != "/dev/null" || root.ReadOnly == nil || root.Target.Dev != "vda" {
+		t.Fatalf("the replicated disk's device: %+v", root)
+	}
+	if d.QEMUOverride == nil || len(d.QEMUOverride.Devices) != 1 {
+		t.Fatal("no single override of the disk's device")
+	}
+	o := d.QEMUOverride.Devices[0]
+	if o.Alias != "ua-rootdisk" || len(o.Frontend.Properties) != 1 || o.Frontend.Properties[0] != (libvirtxml.DomainQEMUOverrideProperty{Name: "drive", Type: "string", Value: colo.DiskID}) {
+		t.Fatalf("the override: %+v", o)
+	}
+	if disk(d, "ua-colo-active") != nil || disk(d, "ua-colo-hidden") != nil {
+		t.Error("the overlays are guest disks")
+	}
+	if ci := disk(d, "ua-cloudinit"); ci == nil || ci.Source.File == nil || ci.Source.File.File != "/var/run/libvirt/cloud-init-dir/demo/counter-1/noCloud.iso" || len(d.Devices.Disks) != 2 {
+		t.Errorf("the other disks changed: %d disks, cloudinit %+v", len(d.Devices.Disks), ci)
+	}
+	if len(d.Devices.Interfaces) != 1 {
+		t.Fatalf("%d NICs, want the VM's one", len(d.Devices.Interfaces))
+	}
+	nic := d.Devices.Interfaces[0]
+	if nic.Driver == nil || nic.Driver.Name != "qemu" || nic.Driver.Queues > 1 {
+		t.Errorf("the NIC's driver %+v: want vhost off (name qemu) and one queue", nic.Driver)
+	}
+}
 
-	t.Run("secondary", func(t *testing.T) {
-		d, err := mutate(t, in, member(true))
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := args(d)
-		active := "/var/run/kubevirt-ephemeral-disks/disk-data/colo-active/disk.qcow2"
-		hidden := "/var/run/kubevirt-ephemeral-disks/disk-data/colo-hidden/disk.qcow2"
-		for _, want := range [][]string{colo.MonitorArgs(s), colo.SecondaryNetArgs(s, "hostua-default"),
-			colo.SecondaryDiskArgs(rootImage, "raw", active, hidden), colo.IncomingArgs(s)} {
-			if !containsRun(a, want) {
-				t.Errorf("arguments %v lack %v", a, want)
-			}
-		}
-		if disk(d, "ua-colo-active") != nil || disk(d, "ua-colo-hidden") != nil {
-			t.Error("the overlays are still guest disks")
-		}
-		if disk(d, "ua-cloudinitdisk") == nil || len(d.Devices.Disks) != 2 {
-			t.Errorf("the other disks changed: %d disks", len(d.Devices.Disks))
-		}
-		checkTakenOver(t, d)
-	})
-
+func TestMutate(t *testing.T) {
+	in := reference(t, "q35-seabios.xml")
 	t.Run("emulator", func(t *testing.T) {
 		m := member(false)
 		m.Emulator = "/usr/local/lockstep/bin/qemu-system-x86_64"
-		d, err := mutate(t, in, m)
-		if err != nil || d.Devices.Emulator != m.Emulator {
-			t.Fatalf("emulator %q (%v)", d.Devices.Emulator, err)
+		if d := mutate(t, in, m); d.Devices.Emulator != m.Emulator {
+			t.Fatalf("emulator %q", d.Devices.Emulator)
 		}
 	})
 
 	t.Run("the guest's devices are the same on both members", func(t *testing.T) {
 		// Both VMIs carry the overlays; neither guest sees them.
-		p, _ := mutate(t, in, member(false))
-		s, _ := mutate(t, in, member(true))
-		px, _ := (&libvirtxml.Domain{Devices: p.Devices}).Marshal()
-		sx, _ := (&libvirtxml.Domain{Devices: s.Devices}).Marshal()
-		if px != sx {
+		p, s := mutate(t, in, member(false)), mutate(t, in, member(true))
+		px, sx := marshal(t, &libvirtxml.Domain{Devices: p.Devices}), marshal(t, &libvirtxml.Domain{Devices: s.Devices})
+		if !slices.Equal(px, sx) {
 			t.Errorf("the members' devices differ:\n%s\n---\n%s", px, sx)
+		}
+	})
+
+	t.Run("vhost and multiqueue", func(t *testing.T) {
+		vhost := reference(t, "q35-seabios.xml")
+		vhost.Devices.Interfaces[0].Driver = &libvirtxml.DomainInterfaceDriver{Name: "vhost"}
+		if nic := mutate(t, vhost, member(true)).Devices.Interfaces[0]; nic.Driver.Name != "qemu" {
+			t.Errorf("vhost stayed on: %+v", nic.Driver)
+		}
+		vhost.Devices.Interfaces[0].Driver.Queues = 2
+		if _, err := domainhook.Mutate(marshal(t, vhost), member(false)); err == nil || !strings.Contains(err.Error(), "2 queues") {
+			t.Errorf("a NIC with 2 queues: %v", err)
 		}
 	})
 
 	bad := []struct {
 		name string
 		edit func(string) string
-		m    domainhook.Member
+		m    func(*domainhook.Member)
 		want string
 	}{
-		{"no such disk", nil, domainhook.Member{Sockets: s, Disk: "ua-data"}, `no disk "ua-data" (it has ua-rootdisk, ua-colo-active, ua-colo-hidden, ua-cloudinitdisk)`},
-		{"a cdrom", nil, domainhook.Member{Sockets: s, Disk: "ua-cloudinitdisk"}, "is a cdrom, not a disk"},
-		{"a secondary without its overlays", func(x string) string { return strings.ReplaceAll(x, "ua-colo-", "ua-other-") }, member(true), `no disk "ua-colo-active"`},
-		{"raw overlays", func(x string) string { return strings.Replace(x, `type="qcow2"`, `type="raw"`, 1) }, member(true), "COLO's overlays must be qcow2"},
+		{"no such disk", nil, func(m *domainhook.Member) { m.Disk.Alias = "ua-data" }, `no disk "ua-data" (it has ua-rootdisk, ua-cloudinit, ua-colo-active, ua-colo-hidden)`},
+		{"a disk elsewhere than KubeVirt puts it", func(x string) string {
+			return strings.Replace(x, "vmi-disks/rootdisk/disk.img", "elsewhere/disk.img", 1)
+		}, nil, "the hook expects the raw image " + rootImage},
+		{"a secondary without its overlays", nil, func(m *domainhook.Member) { m.Secondary, m.Active = true, domainhook.Disk{} }, "needs its active and hidden overlays"},
+		{"raw overlays", func(x string) string {
+			return strings.Replace(x, `type="qcow2"`, `type="raw"`, 1)
+		}, func(m *domainhook.Member) { m.Active.Format = "raw" }, "COLO's overlays must be qcow2"},
 		{"two NICs", func(x string) string {
 			return strings.Replace(x, "<interface", `<interface type="ethernet"><alias name="ua-second"></alias></interface><interface`, 1)
-		}, member(true), "one NIC; the domain has 2"},
+		}, nil, "one NIC; the domain has 2"},
 		{"a block volume", func(x string) string {
-			return strings.Replace(x, `<source file="/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"></source>`, `<source dev="/dev/rootdisk"></source>`, 1)
-		}, member(false), "not backed by a file"},
-		{"a SATA disk", func(x string) string { return strings.Replace(x, `bus="virtio" dev="vda"`, `bus="sata" dev="sdb"`, 1) }, member(false), "only a virtio disk"},
-		{"a directory too deep for socket paths", nil, domainhook.Member{Sockets: colo.Sockets{Dir: "/" + strings.Repeat("d", 100)}, Disk: "ua-rootdisk"}, "107"},
-		{"not XML", func(string) string { return "<domain" }, member(false), "does not parse"},
+			return strings.Replace(x, `<source file="`+rootImage+`"></source>`, `<source dev="/dev/rootdisk"></source>`, 1)
+		}, nil, "not backed by a file"},
+		{"a SATA disk", func(x string) string { return strings.Replace(x, `dev="vda" bus="virtio"`, `dev="sda" bus="sata"`, 1) }, nil, "only a virtio disk"},
+		{"a directory too deep for socket paths", nil, func(m *domainhook.Member) { m.Sockets = colo.Sockets{Dir: "/" + strings.Repeat("d", 100)} }, "107"},
+		{"not XML", func(string) string { return "<domain" }, nil, "does not parse"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
-			x := string(in)
+			x := string(marshal(t, in))
 			if tt.edit != nil {
 				x = tt.edit(x)
 			}
-			_, err := domainhook.Mutate([]byte(x), tt.m)
+			m := member(false)
+			if tt.m != nil {
+				tt.m(&m)
+			}
+			_, err := domainhook.Mutate([]byte(x), m)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error with %q", err, tt.want)
 			}
 		})
-	}
-}
-
-// checkTakenOver: the replicated disk's device stays libvirt's, on a read-only placeholder, and
-// is pointed at the quorum.
-func checkTakenOver(t *testing.T, d *libvirtxml.Domain) {
-	t.Helper()
-	root := disk(d, "ua-rootdisk")
-	if root == nil || root.Source.Block == nil || root.Source.Block.Dev != "/dev/null" || root.ReadOnly == nil || root.Target.Dev != "vda" {
-		t.Fatalf("the replicated disk's device: %+v", root)
-	}
-	if d.QEMUOverride == nil || len(d.QEMUOverride.Devices) != 1 {
-		t.Fatal("no override of the disk's device")
-	}
-	o := d.QEMUOverride.Devices[0]
-	if o.Alias != "ua-rootdisk" || len(o.Frontend.Properties) != 1 || o.Frontend.Properties[0] != (libvirtxml.DomainQEMUOverrideProperty{Name: "drive", Type: "string", Value: colo.DiskID}) {
-		t.Fatalf("the override: %+v", o)
 	}
 }

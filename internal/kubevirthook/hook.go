@@ -31,6 +31,23 @@ type Hook struct {
 // aliasOf is libvirt's alias of a VMI disk in the domain KubeVirt generates.
 func aliasOf(disk string) string { return "ua-" + disk }
 
+// Where KubeVirt's virt-launcher has a VMI's disk images (KubeVirt v1.9's converter): a filesystem
+// claim (a PVC, or a DataVolume's) as a raw disk.img in its mount, an emptyDisk as a qcow2 image.
+const (
+	claimImages     = "/var/run/kubevirt-private/vmi-disks"
+	emptyDiskImages = "/var/run/libvirt/empty-disks"
+)
+
+// claimDisk is the domain's disk of a volume on a filesystem claim.
+func claimDisk(volume string) domainhook.Disk {
+	return domainhook.Disk{Alias: aliasOf(volume), Image: filepath.Join(claimImages, volume, "disk.img"), Format: "raw"}
+}
+
+// emptyDisk is the domain's disk of an emptyDisk volume.
+func emptyDisk(volume string) domainhook.Disk {
+	return domainhook.Disk{Alias: aliasOf(volume), Image: filepath.Join(emptyDiskImages, volume+".qcow2"), Format: "qcow2"}
+}
+
 // Mutate returns the domain of the VMI: a COLO member's if the VMI is one, else unchanged.
 func (h *Hook) Mutate(domainXML, vmiJSON []byte) ([]byte, error) {
 	vmi, m, ok, err := h.member(vmiJSON)
@@ -77,9 +94,9 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 	return domainhook.Member{
 		Secondary: role == ftv1.RoleSecondary,
 		Sockets:   colo.Sockets{Dir: filepath.Join(h.RunDir, string(vmi.UID))},
-		Disk:      aliasOf(disk),
-		Active:    aliasOf(ftv1.DiskColoActive),
-		Hidden:    aliasOf(ftv1.DiskColoHidden),
+		Disk:      claimDisk(disk),
+		Active:    emptyDisk(ftv1.DiskColoActive),
+		Hidden:    emptyDisk(ftv1.DiskColoHidden),
 		Emulator:  h.Emulator,
 	}, true, nil
 }

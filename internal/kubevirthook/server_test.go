@@ -90,7 +90,7 @@ func TestBothKubeVirtInterfaces(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	domain, err := os.ReadFile("../domainhook/testdata/member.xml")
+	domain, err := os.ReadFile("../domainhook/testdata/kubevirt-v1.9/q35-seabios.xml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/nodecert"
+	"github.com/lockstep-dev/lockstep/internal/relay"
 )
 
 // Config is lockstepd's configuration: flags, each also settable by an environment variable
@@ -32,6 +33,10 @@ type Config struct {
 	// RunDir holds the members' directories (<run-dir>/<vmi-uid>/), which their launchers share
 	// with the node: lockstepd's QMP monitor of the member's QEMU and its stream sockets.
 	RunDir string
+	// LauncherUser is the user (uid:gid) the members' QEMU runs as, to whom lockstepd gives each
+	// member's directory and the sockets it makes there: KubeVirt's launcher runs QEMU as 107
+	// (its non-root default); empty where QEMU runs as root (KubeVirt's Root feature gate).
+	LauncherUser string
 	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs
 	// every node's. Files are read again when they change.
 	CertFile, KeyFile, CAFile string
@@ -71,6 +76,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.StreamListenAddress, "stream-listen-address", ":7411", "Address an engine's own streams (QEMU COLO's) are relayed on.")
 	fs.StringVar(&c.StreamAdvertiseAddress, "stream-advertise-address", "", "ip:port peers dial for this node's streams (default: the --advertise-address host with the --stream-listen-address port).")
 	fs.StringVar(&c.RunDir, "run-dir", "/var/run/lockstep", "Directory of the members' directories (<run-dir>/<vmi-uid>/), shared with their launchers; keep it short: Unix socket paths end at 107 bytes.")
+	fs.StringVar(&c.LauncherUser, "launcher-user", "107:107", "uid:gid the members' QEMU runs as (KubeVirt's non-root launcher: 107:107), given each member's directory and lockstepd's sockets there; empty when QEMU runs as root.")
 	fs.StringVar(&c.CertFile, "tls-cert-file", "/var/lib/lockstepd/pki/tls.crt", "The node's certificate (PEM); its common name must be system:lockstepd:<node-name>.")
 	fs.StringVar(&c.KeyFile, "tls-key-file", "/var/lib/lockstepd/pki/tls.key", "The node's private key (PEM).")
 	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/ca/ca.crt", "The CA that signs every lockstepd's certificate (PEM; the operator publishes it in the ConfigMap lockstepd-ca).")
@@ -110,6 +116,13 @@ func FromEnv(fs *flag.FlagSet) error {
 // <run-dir>/<vmi-uid>.
 func (c *Config) MemberDir(m MemberSpec) string { return filepath.Join(c.RunDir, m.UID) }
 
+// LauncherOwner is --launcher-user (nil: QEMU runs as root, or the flag is malformed, which
+// Validate refuses).
+func (c *Config) LauncherOwner() *relay.Owner {
+	o, _ := relay.ParseOwner(c.LauncherUser)
+	return o
+}
+
 // Validate says what is missing or wrong.
 func (c *Config) Validate() error {
 	var errs []error
@@ -133,6 +146,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RunDir == "" {
 		errs = append(errs, errors.New("--run-dir is required"))
+	}
+	if _, err := relay.ParseOwner(c.LauncherUser); err != nil {
+		errs = append(errs, fmt.Errorf("--launcher-user %w", err))
 	}
 	if c.Detect <= c.Heartbeat {
 		errs = append(errs, fmt.Errorf("--detect (%s) must exceed --heartbeat (%s)", c.Detect, c.Heartbeat))

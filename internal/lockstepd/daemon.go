@@ -183,6 +183,7 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	var errs []error
 	local := map[types.NamespacedName]*virtv1.VirtualMachineInstance{}
 	keep := map[types.NamespacedName]*virtv1.VirtualMachineInstance{} // local, and fenced: let the fence finish
+	errs = append(errs, d.prepareDirs(vmis.Items)...)
 	for i := range vmis.Items {
 		v := &vmis.Items[i]
 		if v.Status.NodeName != d.Config.NodeName {
@@ -237,6 +238,25 @@ func (d *Daemon) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{RequeueAfter: d.Config.StatusInterval}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// prepareDirs makes the directories of the pair's members that placement put on this node, for
+// the user their QEMU runs as, as soon as the operator made them: a member's launcher pod mounts
+// its directory (a hostPath that must exist), so it starts only once lockstepd made it, and
+// KubeVirt names the member's node in its status only once that pod runs.
+func (d *Daemon) prepareDirs(vmis []virtv1.VirtualMachineInstance) []error {
+	var errs []error
+	for i := range vmis {
+		v := &vmis[i]
+		if v.DeletionTimestamp != nil || v.IsFinal() || v.Labels[ftv1.LabelRole] == ftv1.RoleFenced ||
+			(v.Labels[ftv1.LabelNode] != d.Config.NodeName && v.Status.NodeName != d.Config.NodeName) {
+			continue
+		}
+		if err := PrepareMemberDir(d.Config.MemberDir(MemberOf(v, d.Config.NodeName)), d.Config.LauncherOwner()); err != nil {
+			errs = append(errs, fmt.Errorf("member %s: %w", v.Name, err))
+		}
+	}
+	return errs
 }
 
 // fence fences the agent of a member, if it runs one (and returns it); the agent stops its VM for

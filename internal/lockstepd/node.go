@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/go-logr/logr"
 
@@ -33,6 +35,9 @@ type EngineEnv struct {
 	Member MemberSpec
 	// Dir is the member's directory, which its launcher shares with the node: <run-dir>/<uid>.
 	Dir string
+	// Owner is the user the member's QEMU runs as (nil: lockstepd's): it owns Dir, and the
+	// sockets the engine makes there for QEMU.
+	Owner *relay.Owner
 	// Relay is the node's stream server; TLS and Dial reach the peer node's.
 	Relay *relay.Server
 	TLS   *tls.Config
@@ -117,6 +122,35 @@ func (n *Node) Refused() uint64 {
 // Dir is a member's directory on this node (Config.MemberDir).
 func (n *Node) Dir(m MemberSpec) string { return n.Config.MemberDir(m) }
 
+// PrepareMemberDir makes a member's directory, which the member's launcher pod mounts (a hostPath
+// that must exist: the pod waits for lockstepd to make it), and gives it to the user its QEMU
+// runs as, who makes its sockets there (lockstepd's QMP monitor, the secondary's incoming
+// migration). Only that user and lockstepd reach it (0700). It is idempotent: a directory that is
+// there already (lockstepd restarted, or a launcher made it) is given to the user again.
+func PrepareMemberDir(dir string, owner *relay.Owner) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("the member's directory: %w", err)
+	}
+	if owner == nil {
+		return nil
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) == owner.UID && int(sys.Gid) == owner.GID && st.Mode().Perm() == 0o700 {
+		return nil
+	}
+	// The mode first, while lockstepd owns it (without CAP_FOWNER it could not change it after).
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chown(dir, owner.UID, owner.GID); err != nil {
+		return fmt.Errorf("giving the member's directory to QEMU's user %d:%d: %w", owner.UID, owner.GID, err)
+	}
+	return nil
+}
+
 // Member is a member that runs on this node: its engine and its agent.
 type Member struct {
 	Spec   MemberSpec
@@ -149,7 +183,11 @@ func (m *Member) Err() error {
 // agent's state changes.
 func (n *Node) StartMember(ctx context.Context, spec MemberSpec, arb engine.Arbiter, log logr.Logger, onChange func()) (*Member, error) {
 	n.init()
-	vm, err := n.NewEngine(EngineEnv{Member: spec, Dir: n.Dir(spec), Relay: n.relay, TLS: n.TLS, Dial: n.Dial, Log: log})
+	owner := n.Config.LauncherOwner()
+	if err := PrepareMemberDir(n.Dir(spec), owner); err != nil {
+		return nil, err
+	}
+	vm, err := n.NewEngine(EngineEnv{Member: spec, Dir: n.Dir(spec), Owner: owner, Relay: n.relay, TLS: n.TLS, Dial: n.Dial, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("making the VM engine of %s: %w", spec.VMI, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	virtv1 "kubevirt.io/api/core/v1"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -37,7 +38,7 @@ const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 //     disk's size, on every member so that both VMIs keep one spec (the hook never shows them
 //     to the guest);
 //   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
-//     KubeVirt nor libvirt may resume it;
+//     KubeVirt nor libvirt may resume it; and its RAM cache in its memory reservation;
 //   - the guest's CPU model, when the template names none and one is configured;
 //   - the hook sidecar, when an image is configured.
 func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
@@ -61,6 +62,7 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	if m.Role == ftv1.RoleSecondary {
 		paused := virtv1.StartStrategyPaused
 		spec.StartStrategy = &paused
+		reserveRAMCache(spec)
 	}
 	if c.HookSidecarImage != "" {
 		args := []string{"--sidecar-socket", hookSocket}
@@ -74,6 +76,20 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 		vmi.Annotations[HookSidecarsAnnotation] = string(raw)
 	}
 	return nil
+}
+
+// reserveRAMCache makes a secondary's memory reservation hold its RAM cache: a COLO secondary's
+// QEMU keeps a second copy of the guest's RAM, into which each checkpoint is loaded before it
+// reaches the VM. KubeVirt sizes the launcher pod from the VMI's memory request and limit (plus
+// its overhead), which the scheduler places and the kernel enforces: with the guest's memory
+// alone, the secondary would be killed under its limit as the cache filled. A failover frees the
+// cache; the member keeps its reservation (a pod's limits do not change).
+func reserveRAMCache(spec *virtv1.VirtualMachineInstanceSpec) {
+	guest, _ := GuestMemory(spec)
+	both := guest.DeepCopy()
+	both.Add(guest)
+	spec.Domain.Resources.Requests[corev1.ResourceMemory] = both
+	spec.Domain.Resources.Limits[corev1.ResourceMemory] = both.DeepCopy()
 }
 
 // sameCPU gives the guest a CPU model that both members can show it: the template's, or

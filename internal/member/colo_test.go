@@ -61,6 +61,19 @@ func TestCOLOMembers(t *testing.T) {
 			t.Errorf("hook sidecar: %q (%v)", vmi.Annotations[HookSidecarsAnnotation], err)
 		}
 	}
+	guest, _ := GuestMemory(&tmpl.Spec)
+	cache := guest.DeepCopy()
+	cache.Add(guest)
+	for _, c := range []struct {
+		vmi  *virtv1.VirtualMachineInstance
+		want resource.Quantity
+	}{{p, guest}, {s, cache}} {
+		res := c.vmi.Spec.Domain.Resources
+		if res.Requests.Memory().Cmp(c.want) != 0 || res.Limits.Memory().Cmp(c.want) != 0 || c.vmi.Spec.Domain.Memory.Guest.Cmp(guest) != 0 {
+			t.Errorf("%s: memory request %s, limit %s, guest %s; want %s reserved (the secondary's RAM cache too) and the guest's %s",
+				c.vmi.Labels[ftv1.LabelRole], res.Requests.Memory(), res.Limits.Memory(), c.vmi.Spec.Domain.Memory.Guest, c.want.String(), guest.String())
+		}
+	}
 	if p.Spec.StartStrategy != nil || s.Spec.StartStrategy == nil || *s.Spec.StartStrategy != virtv1.StartStrategyPaused {
 		t.Errorf("start strategies: primary %v, secondary %v", p.Spec.StartStrategy, s.Spec.StartStrategy)
 	}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,6 +197,29 @@ type Target struct {
 
 func (t Target) tls(c *tls.Config) *tls.Config { return channel.ClientTLS(nodecert.Expect(c, t.Node)) }
 
+// Owner is a user and group, by number.
+type Owner struct{ UID, GID int }
+
+// ParseOwner reads "uid:gid" (or "uid", the group the same number); "" is no one (nil).
+func ParseOwner(s string) (*Owner, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, g, found := strings.Cut(s, ":")
+	if !found {
+		g = u
+	}
+	uid, err := strconv.Atoi(u)
+	if err != nil || uid < 0 {
+		return nil, fmt.Errorf("%q: want uid:gid, numbers", s)
+	}
+	gid, err := strconv.Atoi(g)
+	if err != nil || gid < 0 {
+		return nil, fmt.Errorf("%q: want uid:gid, numbers", s)
+	}
+	return &Owner{UID: uid, GID: gid}, nil
+}
+
 // Forward listens on a Unix socket for the local QEMU and carries each connection to the peer.
 type Forward struct {
 	Stream string
@@ -209,6 +233,9 @@ type Forward struct {
 	// FromPeer, when set, sees every byte that comes back from the peer, in order (the engine
 	// reads COLO's checkpoint messages from it).
 	FromPeer func([]byte)
+	// Owner, when set, is given the socket: QEMU runs as another user than lockstepd (KubeVirt's
+	// launcher runs it as uid 107) and must be able to connect.
+	Owner *Owner
 	Counters
 
 	conns conns
@@ -221,6 +248,12 @@ func (f *Forward) Listen(ctx context.Context) error {
 	ln, err := net.Listen("unix", f.Path)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", f.Stream, err)
+	}
+	if f.Owner != nil {
+		if err := os.Chown(f.Path, f.Owner.UID, f.Owner.GID); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("stream %s: giving its socket to QEMU's user: %w", f.Stream, err)
+		}
 	}
 	go func() {
 		<-ctx.Done()

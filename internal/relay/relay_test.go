@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -244,5 +246,34 @@ func TestOnlyThePairsOtherNodeReachesItsStreams(t *testing.T) {
 	}
 	if err := relay.Probe(context.Background(), n.target(), n.tlsA, nil); err != nil {
 		t.Fatalf("the pair's own node: %v", err)
+	}
+}
+
+// TestAForwardGivesItsSocketToQEMUsUser: the socket QEMU connects to is the user's that the
+// launcher runs QEMU as (KubeVirt's 107), so that it may connect.
+func TestAForwardGivesItsSocketToQEMUsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving a socket to another user needs root (CI runs as root)")
+	}
+	f := &relay.Forward{Stream: "migration", Path: filepath.Join(t.TempDir(), "migration.sock"), Owner: &relay.Owner{UID: 107, GID: 107}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := f.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != 107 || sys.Gid != 107 {
+		t.Fatalf("the socket is %d:%d, want 107:107", sys.Uid, sys.Gid)
+	}
+	for _, bad := range []string{"qemu", "107:x", "-1"} {
+		if _, err := relay.ParseOwner(bad); err == nil {
+			t.Errorf("ParseOwner(%q) took it", bad)
+		}
+	}
+	if o, err := relay.ParseOwner("107"); err != nil || *o != (relay.Owner{UID: 107, GID: 107}) {
+		t.Errorf("ParseOwner(107): %v, %v", o, err)
 	}
 }

@@ -77,7 +77,7 @@ func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
 			hostPath = v.HostPath
 		}
 	}
-	if hostPath == nil || hostPath.Path != dir || hostPath.Type == nil || *hostPath.Type != corev1.HostPathDirectoryOrCreate {
+	if hostPath == nil || hostPath.Path != dir || hostPath.Type == nil || *hostPath.Type != corev1.HostPathDirectory {
 		t.Errorf("the member directory volume: %+v", hostPath)
 	}
 	mounted := func(c corev1.Container, path, subPath string) bool {

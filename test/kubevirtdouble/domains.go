@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/yaml"
 
-	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/test/virtlauncher"
@@ -181,22 +181,6 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 	if err != nil {
 		return nil, err
 	}
-	disk, err := member.ReplicatedDisk(&vmi.Spec)
-	if err != nil {
-		return nil, err
-	}
-	if name := vmi.Annotations[ftv1.AnnotationReplicatedDisk]; name != "" {
-		disk = name
-	}
-	claim := ""
-	for _, v := range vmi.Spec.Volumes {
-		if v.Name == disk && v.PersistentVolumeClaim != nil {
-			claim = v.PersistentVolumeClaim.ClaimName
-		}
-	}
-	if claim == "" {
-		return nil, fmt.Errorf("the replicated disk %q has no claim", disk)
-	}
 	if len(vmi.Spec.Domain.Devices.Interfaces) == 0 || vmi.Spec.Domain.Devices.Interfaces[0].MacAddress == "" {
 		return nil, errors.New("the VMI has no interface with a MAC address")
 	}
@@ -204,25 +188,22 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 	if m := vmi.Spec.Domain.Memory; m != nil && m.Guest != nil {
 		memoryMB = int(m.Guest.Value() >> 20)
 	}
-	// The member's directory, which config/kubevirt mounts into the launcher pod (a hostPath of
-	// type DirectoryOrCreate: the kubelet makes it).
-	for _, dir := range []string{dom.dir, filepath.Join(dom.host.RunDir, string(vmi.UID))} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	image := filepath.Join(d.Storage, vmi.Namespace, claim+".qcow2")
-	if err := os.MkdirAll(filepath.Dir(image), 0o755); err != nil {
+	// The launcher pod's own files (its emptyDirs), which QEMU's user writes.
+	if err := os.MkdirAll(dom.dir, 0o755); err != nil {
 		return nil, err
 	}
-	imgs := map[string]string{"disk": image, "active": filepath.Join(dom.dir, "active.qcow2"), "hidden": filepath.Join(dom.dir, "hidden.qcow2")}
-	for _, img := range imgs {
-		if _, err := os.Stat(img); err == nil && img == image {
-			continue // the claim keeps its data
-		}
-		if out, err := exec.Command(filepath.Join(d.QEMU, "bin", "qemu-img"), "create", "-f", "qcow2", img, d.DiskSize).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("qemu-img: %w: %s", err, out)
-		}
+	if err := os.Chown(dom.dir, virtlauncher.QEMUUser.UID, virtlauncher.QEMUUser.GID); err != nil {
+		return nil, err
+	}
+	// The member's directory, which config/kubevirt mounts into the launcher pod: a hostPath of
+	// type Directory, which lockstepd makes for QEMU's user; the kubelet starts the pod only once
+	// it is there.
+	if err := waitForDir(filepath.Join(dom.host.RunDir, string(vmi.UID)), 2*time.Minute); err != nil {
+		return nil, err
+	}
+	disks, err := d.disks(dom, vmi)
+	if err != nil {
+		return nil, err
 	}
 	ns := dom.host.NS
 	if err := ipAll([][]string{{"-n", ns, "tuntap", "add", dom.tap, "mode", "tap"},
@@ -242,12 +223,80 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 	}
 	return virtlauncher.Launch(context.Background(), virtlauncher.Member{
 		VMI: vmi,
-		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid,
-			Emulator: filepath.Join(d.QEMU, "bin", "qemu-system-x86_64"), VM: vm,
-			ReplicatedDisk: disk, Disk: imgs["disk"], Active: imgs["active"], Hidden: imgs["hidden"]},
+		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid, VMIUID: string(vmi.UID),
+			Emulator: filepath.Join(d.QEMU, "bin", "qemu-system-x86_64"), VM: vm, VCPUs: member.VCPUs(&vmi.Spec),
+			Interface: vmi.Spec.Domain.Devices.Interfaces[0].Name, Disks: disks},
 		NetNS: ns, StateDir: dom.dir, HookBin: d.Hook, RunDir: dom.host.RunDir, Log: dom.dir,
 		Paused: vmi.Spec.StartStrategy != nil && *vmi.Spec.StartStrategy == virtv1.StartStrategyPaused,
+		Shares: map[string]string{"/usr/local/lockstep": d.QEMU, "/usr/local/lockstep-guest": d.Guest},
 	})
+}
+
+// waitForDir waits until dir exists, as the kubelet retries a hostPath of type Directory.
+func waitForDir(dir string, limit time.Duration) error {
+	for deadline := time.Now().Add(limit); ; time.Sleep(200 * time.Millisecond) {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the member's directory %s is not there after %s: lockstepd on the node makes it", dir, limit)
+		}
+	}
+}
+
+// disks are the VMI's disks in its order, each with its image on this host, as virt-launcher
+// has them: a claim's image is raw, on Storage, kept across hosts (as network storage keeps a
+// volume); an emptyDisk is a qcow2 image of DiskSize that the launcher makes (the COLO
+// overlays); a cloudInitNoCloud volume is an empty image (the test guest takes its address from
+// its kernel command line, docs/kubevirt.md).
+func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virtlauncher.Disk, error) {
+	volumes := map[string]virtv1.Volume{}
+	for _, v := range vmi.Spec.Volumes {
+		volumes[v.Name] = v
+	}
+	var disks []virtlauncher.Disk
+	for _, disk := range vmi.Spec.Domain.Devices.Disks {
+		v, ok := volumes[disk.Name]
+		if !ok {
+			return nil, fmt.Errorf("disk %s has no volume", disk.Name)
+		}
+		var dd virtlauncher.Disk
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.Claim, File: filepath.Join(d.Storage, vmi.Namespace, v.PersistentVolumeClaim.ClaimName+".img")}
+			if _, err := os.Stat(dd.File); err == nil {
+				break // the claim keeps its data
+			}
+			if err := os.MkdirAll(filepath.Dir(dd.File), 0o755); err != nil {
+				return nil, err
+			}
+			if err := d.qemuImg("raw", dd.File); err != nil {
+				return nil, err
+			}
+		case v.EmptyDisk != nil:
+			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.EmptyDisk, File: filepath.Join(dom.dir, disk.Name+".qcow2")}
+			if err := d.qemuImg("qcow2", dd.File); err != nil {
+				return nil, err
+			}
+		case v.CloudInitNoCloud != nil:
+			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.NoCloud, File: filepath.Join(dom.dir, "noCloud.iso")}
+			if err := os.WriteFile(dd.File, nil, 0o644); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("disk %s: the double launches claims, emptyDisks and cloudInitNoCloud volumes", disk.Name)
+		}
+		disks = append(disks, dd)
+	}
+	return disks, nil
+}
+
+// qemuImg makes an image of DiskSize.
+func (d *Domains) qemuImg(format, image string) error {
+	if out, err := exec.Command(filepath.Join(d.QEMU, "bin", "qemu-img"), "create", "-f", format, image, d.DiskSize).CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img: %w: %s", err, out)
+	}
+	return nil
 }
 
 // destroy ends the domain through libvirt, and removes its tap.

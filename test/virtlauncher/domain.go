@@ -1,9 +1,11 @@
 package virtlauncher
 
 import (
+	"path/filepath"
+	"strings"
+
 	"libvirt.org/go/libvirtxml"
 
-	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/colo"
 )
 
@@ -11,73 +13,182 @@ import (
 type DomainSpec struct {
 	// Name is the domain's name, as KubeVirt names it: <namespace>_<vmi>.
 	Name string
-	// UUID is the VMI's firmware UUID (the same on both members).
-	UUID string
+	// UUID is the VMI's firmware UUID (the same on both members); VMIUID the VMI's UID, which
+	// names the launcher's directory of the VNC and console sockets.
+	UUID, VMIUID string
 	// Emulator is the QEMU binary.
 	Emulator string
 	// VM is the guest: firmware, kernel, memory, the NIC's tap and MAC, the console file, and
 	// the launcher's own monitor (QMP; none when empty).
 	VM colo.VM
-	// ReplicatedDisk is the name of the VMI's replicated disk; Disk its image.
-	ReplicatedDisk, Disk string
-	// Active and Hidden are the images of the two COLO overlays (emptyDisk volumes of every
-	// member VMI).
-	Active, Hidden string
+	// VCPUs is the guest's vCPUs (cores of one socket, as a template with cpu.cores has them);
+	// 0 is 1.
+	VCPUs int
+	// Interface is the name of the VMI's one interface (its NIC's alias is ua-<name>); "" is
+	// "default".
+	Interface string
+	// Disks are the VMI's disks, in its order, each with the file of the double's that stands
+	// where KubeVirt's launcher has its image.
+	Disks []Disk
 	// Extra is more QEMU arguments, as qemu:commandline (a test's trace events and packet dumps).
 	Extra []string
 }
 
-// Domain is the member's domain as virt-launcher generates it for the member's VMI, in the parts
-// the hook reads: the disks by alias (ua-<disk>: the VM's disk and the two COLO overlays), the
-// NIC on the pod's tap (ethernet, not managed by libvirt, alias ua-default), and the firmware
-// UUID. Where the counter guest needs it, it differs from KubeVirt's: the machine is pc with an
-// rtl8139 NIC and the test guest's kernel, under TCG.
-func Domain(s DomainSpec) *libvirtxml.Domain {
-	fileDisk := func(alias, path, dev string) libvirtxml.DomainDisk {
-		return libvirtxml.DomainDisk{Device: "disk",
-			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2", Cache: "none"},
-			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}},
-			Target: &libvirtxml.DomainDiskTarget{Dev: dev, Bus: "virtio"}, Alias: &libvirtxml.DomainAlias{Name: alias}}
+// Disk is a disk of the VMI: its name, what backs it, and the double's file (Launch links it at
+// the path KubeVirt's launcher has the image at).
+type Disk struct {
+	Name string
+	Kind DiskKind
+	File string
+}
+
+// DiskKind is what backs a disk, which decides where KubeVirt's launcher has its image and in
+// which format.
+type DiskKind int
+
+const (
+	// Claim: a filesystem claim (a PVC or a DataVolume's), a raw disk.img in the claim's mount.
+	Claim DiskKind = iota
+	// EmptyDisk: an emptyDisk volume, a qcow2 image the launcher makes.
+	EmptyDisk
+	// NoCloud: a cloudInitNoCloud volume, the ISO the launcher writes.
+	NoCloud
+)
+
+// Where KubeVirt's virt-launcher keeps a VMI's files (KubeVirt v1.9): a filesystem claim's image
+// (raw, in the claim's mount), an emptyDisk's image (qcow2), the VNC and console sockets and the
+// console's log. The double keeps the same paths inside each member's libvirt daemon's mount
+// namespace (Launch binds them to the member's files).
+const (
+	kubevirtPrivate = "/var/run/kubevirt-private"
+	emptyDisks      = "/var/run/libvirt/empty-disks"
+	cloudInitDir    = "/var/run/libvirt/cloud-init-dir"
+)
+
+// image is where KubeVirt's launcher has the disk's image, and its format.
+func (d Disk) image(s DomainSpec) (string, string) {
+	switch d.Kind {
+	case EmptyDisk:
+		return filepath.Join(emptyDisks, d.Name+".qcow2"), "qcow2"
+	case NoCloud:
+		ns, name, _ := strings.Cut(s.Name, "_")
+		return filepath.Join(cloudInitDir, ns, name, "noCloud.iso"), "raw"
+	default:
+		return filepath.Join(kubevirtPrivate, "vmi-disks", d.Name, "disk.img"), "raw"
 	}
-	args := []libvirtxml.DomainQEMUCommandlineArg{}
-	extra := []string{}
+}
+
+func launcherFile(vmiUID, name string) string { return filepath.Join(kubevirtPrivate, vmiUID, name) }
+
+// Domain is the member's domain: the domain KubeVirt v1.9's virt-launcher generates for the
+// member's VMI (KubeVirtDomain), changed where this machine cannot run it (forThisMachine).
+func Domain(s DomainSpec) *libvirtxml.Domain { return forThisMachine(KubeVirtDomain(s), s) }
+
+// KubeVirtDomain is the domain KubeVirt v1.9's virt-launcher generates for a VMI of s's shape,
+// before its define sequence (internal/domainhook/testdata/kubevirt-v1.9 has the reference,
+// docs/kubevirt.md the facts): q35 with SeaBIOS; a virtio-non-transitional NIC on the pod's tap
+// (ethernet, not managed by libvirt, alias ua-<interface>, the tap's MTU, no ROM); the disks in
+// the VMI's order on the virtio bus, vda onwards, by alias ua-<disk> (a claim's raw disk.img, an
+// emptyDisk's qcow2 image, the NoCloud ISO), with KubeVirt's driver settings; the guest agent
+// channel; USB off, the virtio SCSI and serial controllers; VGA with a VNC socket; memballoon with
+// free page reporting; the console on a Unix socket with its log; SMBIOS from the firmware UUID;
+// ACPI, no vmport; the host's CPU model with the vCPUs as cores of one socket.
+func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
+	var disks []libvirtxml.DomainDisk
+	for i, d := range s.Disks {
+		image, format := d.image(s)
+		disks = append(disks, libvirtxml.DomainDisk{Device: "disk", Model: "virtio-non-transitional",
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format, Cache: "none", ErrorPolicy: "stop", Discard: "unmap"},
+			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: image}},
+			Target: &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('a'+i)), Bus: "virtio"}, Alias: &libvirtxml.DomainAlias{Name: "ua-" + d.Name}})
+	}
+	iface := s.Interface
+	if iface == "" {
+		iface = "default"
+	}
+	vcpus := uint(max(s.VCPUs, 1))
+	on := "on"
+	return &libvirtxml.Domain{
+		Type: "kvm", Name: s.Name,
+		Memory: &libvirtxml.DomainMemory{Value: uint(s.VM.MemoryMB) << 20, Unit: "b"},
+		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "q35", Type: "hvm"},
+			SMBios: &libvirtxml.DomainSMBios{Mode: "sysinfo"}},
+		SysInfo: []libvirtxml.DomainSysInfo{{SMBIOS: &libvirtxml.DomainSysInfoSMBIOS{
+			System: &libvirtxml.DomainSysInfoSystem{Entry: []libvirtxml.DomainSysInfoEntry{
+				{Name: "uuid", Value: s.UUID}, {Name: "manufacturer", Value: "KubeVirt"}, {Name: "family", Value: "KubeVirt"},
+				{Name: "product", Value: "None"}, {Name: "sku"}, {Name: "version"}}},
+			BIOS: &libvirtxml.DomainSysInfoBIOS{}, BaseBoard: []libvirtxml.DomainSysInfoBaseBoard{{}}, Chassis: &libvirtxml.DomainSysInfoChassis{}}}},
+		Devices: &libvirtxml.DomainDeviceList{
+			Interfaces: []libvirtxml.DomainInterface{{
+				Source: &libvirtxml.DomainInterfaceSource{Ethernet: &libvirtxml.DomainInterfaceSourceEthernet{}},
+				Target: &libvirtxml.DomainInterfaceTarget{Dev: s.VM.Tap, Managed: "no"},
+				Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio-non-transitional"},
+				MAC:    &libvirtxml.DomainInterfaceMAC{Address: s.VM.MAC},
+				MTU:    &libvirtxml.DomainInterfaceMTU{Size: 1500},
+				Alias:  &libvirtxml.DomainAlias{Name: "ua-" + iface},
+				ROM:    &libvirtxml.DomainROM{Enabled: "no"},
+			}},
+			Channels: []libvirtxml.DomainChannel{{Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{}},
+				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: "org.qemu.guest_agent.0"}}}},
+			Controllers: []libvirtxml.DomainController{{Type: "usb", Index: new(uint), Model: "none"},
+				{Type: "scsi", Index: new(uint), Model: "virtio-non-transitional"}, {Type: "virtio-serial", Index: new(uint), Model: "virtio-non-transitional"}},
+			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, VRam: 16384}}},
+			Graphics: []libvirtxml.DomainGraphic{{VNC: &libvirtxml.DomainGraphicVNC{Listeners: []libvirtxml.DomainGraphicListener{
+				{Socket: &libvirtxml.DomainGraphicListenerSocket{Socket: launcherFile(s.VMIUID, "virt-vnc")}}}}}},
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio-non-transitional", FreePageReporting: on, Stats: &libvirtxml.DomainMemBalloonStats{Period: 10}},
+			Disks:      disks,
+			Serials: []libvirtxml.DomainSerial{{
+				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: launcherFile(s.VMIUID, "virt-serial0")}},
+				Target: &libvirtxml.DomainSerialTarget{Port: new(uint)},
+				Log:    &libvirtxml.DomainChardevLog{File: launcherFile(s.VMIUID, "virt-serial0-log"), Append: on}}},
+			Consoles: []libvirtxml.DomainConsole{{Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+				Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: new(uint)}}},
+		},
+		Metadata: &libvirtxml.DomainMetadata{XML: `<kubevirt xmlns="http://kubevirt.io"><uid></uid></kubevirt>`},
+		Features: &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, VMPort: &libvirtxml.DomainFeatureState{State: "off"}},
+		CPU:      &libvirtxml.DomainCPU{Mode: "host-model", Topology: &libvirtxml.DomainCPUTopology{Sockets: 1, Cores: int(vcpus), Threads: 1}},
+		VCPU:     &libvirtxml.DomainVCPU{Placement: "static", Value: vcpus},
+	}
+}
+
+// forThisMachine is everything the double changes in KubeVirt's domain, because this machine
+// cannot run it as it is (docs/kubevirt.md, "What the double's launcher changes", lists the same):
+//   - the domain type is qemu: there is no usable KVM here, and QEMU runs under TCG;
+//   - the CPU is a named model (qemu64), not host-model, which TCG cannot offer;
+//   - lockstep's QEMU is the emulator, and its firmware directories (SeaBIOS, the VGA and option
+//     ROMs) are given with -L, as a launcher image that carries it would install them;
+//   - the test guest boots from its kernel and initramfs (the busybox counter guest has no boot
+//     loader), with its address on the kernel command line;
+//   - the double's own QMP monitor, through which the tests read the VM, and the tests' trace
+//     and dump arguments are added to <qemu:commandline>.
+func forThisMachine(d *libvirtxml.Domain, s DomainSpec) *libvirtxml.Domain {
+	d.Type = "qemu"
+	d.CPU.Mode, d.CPU.Match, d.CPU.Check = "custom", "exact", "none"
+	d.CPU.Model = &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}
+	d.Devices.Emulator = s.Emulator
+	d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline = s.VM.Kernel, s.VM.Initrd, s.VM.Append
+	var extra []string
 	for _, l := range s.VM.Firmware {
 		extra = append(extra, "-L", l)
 	}
 	if s.VM.QMP != "" {
 		extra = append(extra, "-qmp", "unix:"+s.VM.QMP+",server=on,wait=off")
 	}
+	d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{}
 	for _, a := range append(extra, s.Extra...) {
-		args = append(args, libvirtxml.DomainQEMUCommandlineArg{Value: a})
+		d.QEMUCommandline.Args = append(d.QEMUCommandline.Args, libvirtxml.DomainQEMUCommandlineArg{Value: a})
 	}
-	return &libvirtxml.Domain{
-		Type: "qemu", Name: s.Name, UUID: s.UUID,
-		Memory: &libvirtxml.DomainMemory{Value: uint(s.VM.MemoryMB), Unit: "MiB"},
-		VCPU:   &libvirtxml.DomainVCPU{Value: 1},
-		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "pc", Type: "hvm"},
-			Kernel: s.VM.Kernel, Initrd: s.VM.Initrd, Cmdline: s.VM.Append},
-		// ACPI, as KubeVirt's domains have it by default (and as QEMU runs without a libvirt: a
-		// libvirt that finds no <acpi/> passes -no-acpi, which QEMU 9.2 and later refuse).
-		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}},
-		CPU:        &libvirtxml.DomainCPU{Mode: "custom", Match: "exact", Check: "none", Model: &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}},
-		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
-		Devices: &libvirtxml.DomainDeviceList{
-			Emulator: s.Emulator,
-			Disks: []libvirtxml.DomainDisk{fileDisk("ua-"+s.ReplicatedDisk, s.Disk, "vda"),
-				fileDisk("ua-"+ftv1.DiskColoActive, s.Active, "vdb"), fileDisk("ua-"+ftv1.DiskColoHidden, s.Hidden, "vdc")},
-			Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
-			Interfaces: []libvirtxml.DomainInterface{{
-				Source: &libvirtxml.DomainInterfaceSource{Ethernet: &libvirtxml.DomainInterfaceSourceEthernet{}},
-				Target: &libvirtxml.DomainInterfaceTarget{Dev: s.VM.Tap, Managed: "no"},
-				Model:  &libvirtxml.DomainInterfaceModel{Type: "rtl8139"},
-				MAC:    &libvirtxml.DomainInterfaceMAC{Address: s.VM.MAC},
-				ROM:    &libvirtxml.DomainROM{Enabled: "no"},
-				Alias:  &libvirtxml.DomainAlias{Name: "ua-default"},
-			}},
-			Serials:    []libvirtxml.DomainSerial{{Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: s.VM.Serial}}, Target: &libvirtxml.DomainSerialTarget{Port: new(uint)}}},
-			Videos:     []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "none"}}},
-			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
-		},
-		QEMUCommandline: &libvirtxml.DomainQEMUCommandline{Args: args},
+	return d
+}
+
+// launcherFiles are the member's files at KubeVirt's paths in its launcher, each with the file
+// of the double's that stands there (Launch links them in the daemon's mount namespace): the
+// disks' images, and the console's log (the test's console file).
+func launcherFiles(s DomainSpec) map[string]string {
+	files := map[string]string{launcherFile(s.VMIUID, "virt-serial0-log"): s.VM.Serial}
+	for _, d := range s.Disks {
+		image, _ := d.image(s)
+		files[image] = d.File
 	}
+	return files
 }

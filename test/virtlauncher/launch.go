@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +29,20 @@ type Member struct {
 	// Paused starts the domain paused: the secondary's VMI has startStrategy Paused (it waits
 	// for its primary's state, and libvirt must not resume it).
 	Paused bool
+	// Shares are host directories the domain's QEMU reads (path in the launcher -> host
+	// directory): lockstep's QEMU and the test guest, as a launcher image would carry them. The
+	// domain's emulator, firmware and kernel paths under them are given as the launcher sees them.
+	Shares map[string]string
+}
+
+// inLauncher is path as the launcher sees it: under the share whose host directory holds it.
+func (m Member) inLauncher(path string) string {
+	for in, host := range m.Shares {
+		if rel, err := filepath.Rel(host, path); err == nil && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(in, rel)
+		}
+	}
+	return path
 }
 
 // Launched is a member's running domain.
@@ -55,28 +70,28 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 	if l.Hook, err = StartHook(m.HookBin, m.StateDir, m.RunDir, filepath.Join(m.Log, "hook.log")); err != nil {
 		return nil, err
 	}
-	domain, err := Domain(m.Domain).Marshal()
-	if err != nil {
-		return nil, err
+	spec := m.Domain
+	spec.Emulator, spec.VM.Kernel, spec.VM.Initrd = m.inLauncher(spec.Emulator), m.inLauncher(spec.VM.Kernel), m.inLauncher(spec.VM.Initrd)
+	spec.VM.Firmware = nil
+	for _, f := range m.Domain.VM.Firmware {
+		spec.VM.Firmware = append(spec.VM.Firmware, m.inLauncher(f))
 	}
+	dom := Domain(spec)
 	vmi, err := json.Marshal(m.VMI)
 	if err != nil {
 		return nil, err
 	}
+	if l.Libvirtd, err = StartLibvirtd(filepath.Join(m.StateDir, "lv"), m.NetNS, m.Shares); err != nil {
+		return nil, err
+	}
+	if err := giveToQEMU(l.Libvirtd, m.Domain); err != nil {
+		return nil, err
+	}
 	hctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	out, err := l.Hook.OnDefineDomain(hctx, []byte(domain), vmi)
-	if err != nil {
-		return nil, err
-	}
+	hook := func(in []byte) ([]byte, error) { return l.Hook.OnDefineDomain(hctx, in, vmi) }
 	xml := filepath.Join(m.Log, "domain.xml")
-	if err := os.WriteFile(xml, out, 0o600); err != nil {
-		return nil, err
-	}
-	if l.Libvirtd, err = StartLibvirtd(filepath.Join(m.StateDir, "lv"), m.NetNS); err != nil {
-		return nil, err
-	}
-	if _, err := l.Libvirtd.Virsh("define", xml); err != nil {
+	if _, err := DefineSequence(dom, hook, func(out []byte) ([]byte, error) { return l.Libvirtd.Define(xml, out) }); err != nil {
 		return nil, err
 	}
 	start := []string{"start", m.Domain.Name}
@@ -96,6 +111,35 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 		close(l.Exited)
 	}()
 	return l, nil
+}
+
+// giveToQEMU lays the member's files out as KubeVirt's launcher has them for QEMUUser: its
+// directory of sockets (VNC, console) in kubevirt-private, and each file QEMU opens that libvirt
+// does not give it (the hook takes the disks out of libvirt's hands; the console's log), linked
+// at KubeVirt's path and owned by QEMUUser, as virt-handler and the launcher leave them (a claim's
+// disk.img is the qemu user's, an emptyDisk is made by the launcher, which runs as that user).
+func giveToQEMU(d *Libvirtd, s DomainSpec) error {
+	dir := d.HostPath(launcherFile(s.VMIUID, ""))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chown(dir, QEMUUser.UID, QEMUUser.GID); err != nil {
+		return err
+	}
+	for path, target := range launcherFiles(s) {
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o644) // the console's log may not exist yet
+		if err != nil {
+			return err
+		}
+		_ = f.Close()
+		if err := os.Chown(target, QEMUUser.UID, QEMUUser.GID); err != nil {
+			return err
+		}
+		if err := d.Link(path, target); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Running reports whether the domain's QEMU runs.

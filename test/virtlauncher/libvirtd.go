@@ -2,6 +2,7 @@ package virtlauncher
 
 import (
 	"context"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/relay"
 )
 
 // Libvirtd is one VMI's libvirt daemon. It runs in the node's network namespace with a mount
@@ -21,28 +24,85 @@ type Libvirtd struct {
 	NetNS string
 	// Sock is the daemon's socket.
 	Sock string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// Shares are directories of the host that the daemon's QEMU reads, bound read-only at paths
+	// of its mount namespace (path there -> host directory): lockstep's QEMU and the test guest,
+	// which the launcher image would carry. QEMU runs as QEMUUser, who cannot reach them where
+	// they are (under /root).
+	Shares map[string]string
+	cmd    *exec.Cmd
+	done   chan struct{}
 }
 
-// libvirtPaths are the fixed paths of libvirt's privileged driver, each bound to a directory of
-// the daemon's.
-var libvirtPaths = map[string]string{"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt", "log": "/var/log/libvirt", "cache": "/var/cache/libvirt"}
+// libvirtPaths are the fixed paths of libvirt's privileged driver, and the launcher's directory
+// of KubeVirt's (kubevirt-private: the claims' images, the VNC and console sockets), each bound to
+// a directory of the daemon's.
+var libvirtPaths = map[string]string{"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt", "log": "/var/log/libvirt", "cache": "/var/cache/libvirt",
+	"kubevirt-private": "/run/kubevirt-private"}
+
+// HostPath is where a path of the daemon's mount namespace is on the host ("" where it is not in
+// one of the daemon's directories).
+func (d *Libvirtd) HostPath(path string) string {
+	path = filepath.Clean(strings.Replace(path, "/var/run/", "/run/", 1))
+	for sub, mount := range libvirtPaths {
+		if rel, err := filepath.Rel(mount, path); err == nil && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(d.Dir, sub, rel)
+		}
+	}
+	return ""
+}
+
+// Link makes path, in the daemon's mount namespace, a symbolic link to target (a host path that
+// its QEMU sees too: the namespace binds only the daemon's directories).
+func (d *Libvirtd) Link(path, target string) error {
+	host := d.HostPath(path)
+	if host == "" {
+		return fmt.Errorf("%s is in none of the daemon's directories", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(host)
+	return os.Symlink(target, host)
+}
+
+// QEMUUser is the user KubeVirt's launcher runs QEMU as (its non-root default, "qemu").
+var QEMUUser = relay.Owner{UID: 107, GID: 107}
 
 // StartLibvirtd configures a daemon in dir (short: its socket's path must stay under 108 bytes)
-// and starts it in the network namespace netns.
-func StartLibvirtd(dir, netns string) (*Libvirtd, error) {
-	d := &Libvirtd{Dir: dir, NetNS: netns, Sock: filepath.Join(dir, "run", "libvirt-sock")}
+// and starts it in the network namespace netns, with shares bound in its mount namespace.
+func StartLibvirtd(dir, netns string, shares map[string]string) (*Libvirtd, error) {
+	d := &Libvirtd{Dir: dir, NetNS: netns, Sock: filepath.Join(dir, "run", "libvirt-sock"), Shares: shares}
 	for sub, path := range libvirtPaths {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+		// As a libvirt install has them: QEMUUser passes through to the daemon's per-driver
+		// directories, which the daemon gives it; kubevirt-private is an emptyDir of the launcher
+		// pod, which the launcher (as QEMUUser) writes.
+		mode := os.FileMode(0o755)
+		switch sub {
+		case "etc":
+			mode = 0o700
+		case "kubevirt-private":
+			mode = 0o777
+		}
+		if err := os.MkdirAll(filepath.Join(dir, sub), mode); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(filepath.Join(dir, sub), mode); err != nil {
 			return nil, err
 		}
 		if err := os.MkdirAll(path, 0o755); err != nil { // the mount point, left empty on the host
 			return nil, err
 		}
 	}
-	// No polkit, no TCP; QEMU as root (the project's QEMU is under /root/.cache), in the
-	// daemon's namespaces (it opens the node's tap itself), its console in files (no virtlogd).
+	for path := range shares {
+		if err := os.MkdirAll(path, 0o755); err != nil { // the mount point, left empty on the host
+			return nil, err
+		}
+	}
+	// No polkit, no TCP. QEMU runs as KubeVirt's launcher runs it: as QEMUUser, with libvirt's
+	// DAC driver giving it the files libvirt knows of (KubeVirt's qemu.conf: dynamic ownership,
+	// no owner remembered), in the daemon's namespaces (it opens the node's tap itself, as
+	// KubeVirt's launcher has no cgroups or namespaces of libvirt's), its console in files (there is
+	// no virtlogd, which KubeVirt runs).
 	conf := fmt.Sprintf(`unix_sock_dir = %q
 unix_sock_rw_perms = "0700"
 auth_unix_ro = "none"
@@ -51,17 +111,14 @@ listen_tcp = 0
 listen_tls = 0
 log_outputs = "3:file:%s"
 `, filepath.Join(dir, "run"), filepath.Join(dir, "log", "libvirtd.log"))
-	qemuConf := `user = "root"
-group = "root"
-dynamic_ownership = 0
+	qemuConf := fmt.Sprintf(`user = "+%d"
+group = "+%d"
+dynamic_ownership = 1
 remember_owner = 0
-security_driver = "none"
 cgroup_controllers = [ ]
 namespaces = [ ]
-seccomp_sandbox = 0
 stdio_handler = "file"
-clear_emulator_capabilities = 0
-`
+`, QEMUUser.UID, QEMUUser.GID)
 	for name, text := range map[string]string{"libvirtd.conf": conf, "qemu.conf": qemuConf} {
 		if err := os.WriteFile(filepath.Join(dir, "etc", name), []byte(text), 0o600); err != nil {
 			return nil, err
@@ -79,6 +136,23 @@ func (d *Libvirtd) Start() error {
 	for sub, path := range libvirtPaths {
 		binds = append(binds, fmt.Sprintf("mount --bind %s %s", filepath.Join(d.Dir, sub), path))
 	}
+	for path, host := range d.Shares {
+		binds = append(binds, fmt.Sprintf("mount --bind %s %s && mount -o remount,bind,ro %s", host, path, path))
+	}
+	// The launcher pod's /dev, as a container runtime makes it: the usual nodes, /dev/net/tun
+	// (KubeVirt's device plugin) and no /dev/kvm, as on a KubeVirt node without KVM. (This
+	// machine's /dev/kvm, which QEMUUser cannot open, made libvirt find its capabilities of QEMU
+	// outdated at every look: "KVM was enabled when probing ..., but it is not available now".)
+	dev := filepath.Join(d.Dir, "dev")
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		return err
+	}
+	binds = append(binds, "mount -t tmpfs -o mode=0755 launcher-dev "+dev)
+	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty", "ptmx", "net/tun"} {
+		node := filepath.Join(dev, n)
+		binds = append(binds, fmt.Sprintf("mkdir -p %s && touch %s && mount --bind /dev/%s %s", filepath.Dir(node), node, n, node))
+	}
+	binds = append(binds, fmt.Sprintf("mkdir %s/pts && mount --bind /dev/pts %s/pts && mount --move %s /dev", dev, dev, dev))
 	_ = os.Remove(d.Sock)
 	d.cmd = exec.Command("taskset", "-c", "0", "ip", "netns", "exec", d.NetNS, "sh", "-c",
 		strings.Join(binds, " && ")+" && exec /usr/sbin/libvirtd -f "+filepath.Join(d.Dir, "etc", "libvirtd.conf")+" -p "+filepath.Join(d.Dir, "run", "libvirtd.pid"))
@@ -142,6 +216,25 @@ func (d *Libvirtd) Virsh(args ...string) (string, error) {
 		return string(out), fmt.Errorf("virsh %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// Define defines the domain (kept in file) and returns libvirt's inactive XML of it, as
+// virt-launcher reads a domain back (GetXMLDesc with VIR_DOMAIN_XML_INACTIVE).
+func (d *Libvirtd) Define(file string, domain []byte) ([]byte, error) {
+	if err := os.WriteFile(file, domain, 0o600); err != nil {
+		return nil, err
+	}
+	if _, err := d.Virsh("define", file); err != nil {
+		return nil, err
+	}
+	var dom struct {
+		Name string `xml:"name"`
+	}
+	if err := xml.Unmarshal(domain, &dom); err != nil {
+		return nil, err
+	}
+	out, err := d.Virsh("dumpxml", "--inactive", dom.Name)
+	return []byte(out), err
 }
 
 // DomainPID is the pid of the QEMU of the daemon's domain name.

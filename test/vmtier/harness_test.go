@@ -143,6 +143,11 @@ func newClusterOf(t testing.TB, nodes int, inProcess bool) *cluster {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
 	c.runDir = runDir
+	// The run directory is a hostPath that the launchers' QEMU (not root, on the libvirt stack)
+	// reaches, as lockstepd's /var/run/lockstep is.
+	if err := os.Chmod(runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cs := testnet.NewLink(t) // A: the client, B: the switch
 	c.client, c.sw, c.clientIf = cs.A, cs.B, cs.AIf
 	ip(t, "-n", c.client, "addr", "flush", "dev", cs.AIf)
@@ -311,14 +316,19 @@ func (c *cluster) start(n *node, primary bool, peer *member) *member {
 // command line of internal/colo's launcher contract (or, viaLibvirt, KubeVirt's way: launchLibvirt).
 func (c *cluster) launch(m *member) {
 	t := c.t
-	if err := os.MkdirAll(m.dir, 0o755); err != nil {
+	// The member's directory is lockstepd's to make, for the user QEMU runs as, before the
+	// launcher pod can start (its hostPath must exist).
+	lsd := lockstepd.DefaultConfig()
+	if err := lockstepd.PrepareMemberDir(m.dir, lsd.LauncherOwner()); err != nil {
 		t.Fatal(err)
 	}
 	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)
 	m.vm.Sockets = colo.Sockets{Dir: m.dir}
 	file := func(f string) string { return filepath.Join(m.dir, f) }
-	for _, img := range []string{"disk.qcow2", "parent.qcow2", "active.qcow2", "hidden.qcow2"} {
-		qemuImg(t, c.qemu, "create", "-f", "qcow2", file(img), diskSize)
+	// The claim's image and the secondary's copy are raw, as KubeVirt's disk.img on a filesystem
+	// claim; the overlays qcow2, as its emptyDisks.
+	for img, format := range map[string]string{"disk.img": "raw", "parent.img": "raw", "active.qcow2": "qcow2", "hidden.qcow2": "qcow2"} {
+		qemuImg(t, c.qemu, "create", "-f", format, file(img), diskSize)
 	}
 	if c.viaLibvirt {
 		c.launchLibvirt(m)
@@ -341,9 +351,9 @@ func (c *cluster) launch(m *member) {
 func (c *cluster) launchDirect(m *member) {
 	t := c.t
 	file := func(f string) string { return filepath.Join(m.dir, f) }
-	args := colo.SecondaryArgs(m.vm, file("parent.qcow2"), file("active.qcow2"), file("hidden.qcow2"))
+	args := colo.SecondaryArgs(m.vm, file("parent.img"), file("active.qcow2"), file("hidden.qcow2"))
 	if m.spec.Primary {
-		args = colo.PrimaryArgs(m.vm, file("disk.qcow2"))
+		args = colo.PrimaryArgs(m.vm, file("disk.img"))
 	}
 	args = append(args, c.diagnostics(m, "hn0")...)
 	m.qemuLog = file("qemu.log")

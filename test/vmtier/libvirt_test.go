@@ -5,6 +5,7 @@ package vmtier
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
+	"libvirt.org/go/libvirtxml"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/failover"
@@ -37,33 +39,28 @@ func domainName(m *member) string { return "vmtier_" + m.name }
 func (c *cluster) launchLibvirt(m *member) {
 	t := c.t
 	file := func(f string) string { return filepath.Join(m.dir, f) }
-	if c.hookBin == "" {
-		c.hookBin = filepath.Join(c.dir, "lockstep-kubevirt-hook")
-		build := exec.Command("go", "build", "-o", c.hookBin, "./cmd/lockstep-kubevirt-hook")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("building cmd/lockstep-kubevirt-hook: %v\n%s", err, out)
-		}
-	}
 	state, err := os.MkdirTemp("", "lv")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(state) })
-	disk := file("disk.qcow2")
+	disk := file("disk.img")
 	if !m.spec.Primary {
-		disk = file("parent.qcow2") // the secondary's copy of the disk, which protection resyncs
+		disk = file("parent.img") // the secondary's copy of the disk, which protection resyncs
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	extra := c.diagnostics(m, "hostua-default") // libvirt's netdev for the NIC of alias ua-default
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: memberVMI(m),
-		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a",
+		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: m.spec.UID,
 			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm,
-			ReplicatedDisk: "rootdisk", Disk: disk, Active: file("active.qcow2"), Hidden: file("hidden.qcow2"), Extra: extra},
-		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBin, RunDir: c.runDir, Log: m.dir,
-		Paused: !m.spec.Primary,
+			Disks: []virtlauncher.Disk{{Name: "rootdisk", Kind: virtlauncher.Claim, File: disk},
+				{Name: ftv1.DiskColoActive, Kind: virtlauncher.EmptyDisk, File: file("active.qcow2")},
+				{Name: ftv1.DiskColoHidden, Kind: virtlauncher.EmptyDisk, File: file("hidden.qcow2")}},
+			Extra: extra},
+		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBinary(), RunDir: c.runDir, Log: m.dir,
+		Paused: !m.spec.Primary, Shares: c.launcherShares(),
 	})
 	if err != nil {
 		t.Fatalf("%s: %v", m.name, err)
@@ -71,6 +68,24 @@ func (c *cluster) launchLibvirt(m *member) {
 	t.Cleanup(l.Stop) // the daemon and the hook that run then, after any restart
 	m.lv, m.pid = l.Libvirtd, l.PID
 	go func() { <-l.Exited; close(m.exited) }()
+}
+
+// launcherShares are lockstep's QEMU and the test guest where a launcher image would carry them.
+func (c *cluster) launcherShares() map[string]string {
+	return map[string]string{"/usr/local/lockstep": c.qemu, "/usr/local/lockstep-guest": c.guest}
+}
+
+// hookBinary is the built cmd/lockstep-kubevirt-hook, built once for the cluster.
+func (c *cluster) hookBinary() string {
+	if c.hookBin == "" {
+		c.hookBin = filepath.Join(c.dir, "lockstep-kubevirt-hook")
+		build := exec.Command("go", "build", "-o", c.hookBin, "./cmd/lockstep-kubevirt-hook")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			c.t.Fatalf("building cmd/lockstep-kubevirt-hook: %v\n%s", err, out)
+		}
+	}
+	return c.hookBin
 }
 
 // memberVMI is the member's VMI as virt-launcher sends it to the hook: the pair and role labels
@@ -232,5 +247,91 @@ func TestLibvirtHoldsACOLOMember(t *testing.T) {
 	t.Logf("after the failover libvirt reports the live secondary %q and the primary %q", s.state(), p.state())
 	if _, err := s.lv.Virsh("dominfo", domainName(s)); err != nil {
 		t.Fatalf("libvirt no longer manages the live secondary: %v", err)
+	}
+}
+
+// TestLibvirtDefinesTheHooksDomains runs KubeVirt's define sequence on the reference domains
+// (internal/domainhook/testdata/kubevirt-v1.9, SeaBIOS and OVMF), for a primary and a secondary,
+// with the hook binary over its socket and a real libvirt daemon: libvirt takes the hook's first
+// output (with the hot-plug placeholder NICs), the hook takes libvirt's read-back of it, and
+// libvirt takes the second output, which is then a COLO member. The reference's type and CPU are
+// changed as the double's launcher changes them (no KVM here).
+func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
+	c := newCluster(t, 1)
+	c.viaLibvirt = true
+	hook := c.hookBinary()
+	for _, ref := range []string{"q35-seabios.xml", "q35-ovmf.xml"} {
+		for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
+			t.Run(strings.TrimSuffix(ref, ".xml")+"/"+role, func(t *testing.T) {
+				raw, err := os.ReadFile(filepath.Join(root, "internal/domainhook/testdata/kubevirt-v1.9", ref))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var d libvirtxml.Domain
+				if err := d.Unmarshal(string(raw)); err != nil {
+					t.Fatal(err)
+				}
+				d.Type = "qemu"
+				d.CPU = &libvirtxml.DomainCPU{Mode: "custom", Match: "exact", Model: &libvirtxml.DomainCPUModel{Value: "qemu64"}, Topology: d.CPU.Topology}
+				d.Devices.Emulator = "/usr/local/lockstep/bin/qemu-system-x86_64" // c.launcherShares()
+				state, err := os.MkdirTemp("", "lv")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = os.RemoveAll(state) })
+				h, err := virtlauncher.StartHook(hook, state, c.runDir, filepath.Join(state, "hook.log"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(h.Stop)
+				lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, c.launcherShares())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(lv.Kill)
+				vmi, err := json.Marshal(&virtv1.VirtualMachineInstance{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "counter-1", UID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
+						Labels: map[string]string{ftv1.LabelPair: "counter", ftv1.LabelRole: role}, Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				calls := 0
+				_, err = virtlauncher.DefineSequence(&d, func(in []byte) ([]byte, error) {
+					calls++
+					return h.OnDefineDomain(ctx, in, vmi)
+				}, func(x []byte) ([]byte, error) { return lv.Define(filepath.Join(state, "domain.xml"), x) })
+				if err != nil {
+					t.Fatalf("%v\n%s", err, lv.LogTail())
+				}
+				if calls != 2 {
+					t.Errorf("the hook was called %d times, want 2 (with the placeholders, then on the read-back)", calls)
+				}
+				defined, err := lv.Virsh("dumpxml", "--inactive", "demo_counter-1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defined = strings.ReplaceAll(defined, "'", `"`) // libvirt quotes with '
+				var nic libvirtxml.Domain
+				if err := nic.Unmarshal(defined); err != nil || len(nic.Devices.Interfaces) != 1 || nic.Devices.Interfaces[0].Driver == nil || nic.Devices.Interfaces[0].Driver.Name != "qemu" {
+					t.Errorf("libvirt's domain: the NIC is not the VM's one in userspace (vhost off) (%v):\n%s", err, defined)
+				}
+				for _, want := range []string{"qmp.sock", "driver=quorum", `<source dev="/dev/null"`, "<qemu:override>"} {
+					if !strings.Contains(defined, want) {
+						t.Errorf("libvirt's domain lacks %s:\n%s", want, defined)
+					}
+				}
+				for _, not := range []string{"placeholder-", `<alias name="ua-colo-active"/>`, `<alias name="ua-colo-hidden"/>`} {
+					if strings.Contains(defined, not) {
+						t.Errorf("libvirt's domain has %s:\n%s", not, defined)
+					}
+				}
+				if sec := strings.Contains(defined, "-incoming"); sec != (role == ftv1.RoleSecondary) {
+					t.Errorf("a %s with -incoming %v:\n%s", role, sec, defined)
+				}
+			})
+		}
 	}
 }

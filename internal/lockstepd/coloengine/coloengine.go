@@ -40,7 +40,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 func Factory(o Options) lockstepd.EngineFactory {
 	return func(env lockstepd.EngineEnv) (engine.Engine, error) {
 		cfg := colo.EngineConfig{
-			Pair: env.Member.Pair, Member: env.Member.VMI, Primary: env.Member.Primary, Sockets: colo.Sockets{Dir: env.Dir},
+			Pair: env.Member.Pair, Member: env.Member.VMI, Primary: env.Member.Primary, Sockets: colo.Sockets{Dir: env.Dir}, Owner: env.Owner,
 			Tuning: colo.Tuning{Checkpoint: o.Checkpoint, CompareTimeout: o.CompareTimeout, RAMAhead: o.RAMAhead},
 			Relay:  env.Relay, TLS: env.TLS, Dial: env.Dial, Log: env.Log,
 		}
