@@ -26,8 +26,13 @@ const (
 // protectedPair boots the guest on a primary on node a, serves a first reply from it alone,
 // protects it with a secondary on node b and serves five replies under COLO.
 func protectedPair(t *testing.T, nodes int, on stack) (*cluster, *client, *member, *member) {
+	return protectedPairOf(t, nodes, on, 1)
+}
+
+// protectedPairOf is protectedPair with a guest of vcpus vCPUs (on the libvirt stack).
+func protectedPairOf(t *testing.T, nodes int, on stack, vcpus int) (*cluster, *client, *member, *member) {
 	c := newCluster(t, nodes)
-	c.viaLibvirt = bool(on)
+	c.viaLibvirt, c.vcpus = bool(on), vcpus
 	c.trace = append(c.trace, "colo_compare_tcp_info")
 	p := c.start(c.nodes[0], true, nil)
 	c.attach(c.nodes[0])

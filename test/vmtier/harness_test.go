@@ -85,6 +85,7 @@ type cluster struct {
 	dir, runDir   string
 	inProcess     bool // lockstepd runs in the test process (lockstepd.Node), not as processes
 	viaLibvirt    bool // members are launched through the KubeVirt hook and a libvirt daemon each
+	vcpus         int  // the guest's vCPUs on the libvirt stack (0: 1)
 	hookBin       string
 	members       []*member
 	mu            sync.Mutex

@@ -53,7 +53,7 @@ func (c *cluster) launchLibvirt(m *member) {
 	extra := c.diagnostics(m, "hostua-default") // libvirt's netdev for the NIC of alias ua-default
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: memberVMI(m),
-		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: m.spec.UID,
+		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: m.spec.UID, VCPUs: c.vcpus,
 			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm,
 			Disks: []virtlauncher.Disk{{Name: "rootdisk", Kind: virtlauncher.Claim, File: disk},
 				{Name: ftv1.DiskColoActive, Kind: virtlauncher.EmptyDisk, File: file("active.qcow2")},
@@ -182,6 +182,22 @@ func (m *member) state() string {
 		return err.Error()
 	}
 	return out
+}
+
+// TestLibvirtFailoverWithTwoVCPUs: the guest has two vCPUs (cores of one socket, as a template
+// with cpu.cores 2 gives it), under TCG's threads; kill -9 of the primary's QEMU.
+func TestLibvirtFailoverWithTwoVCPUs(t *testing.T) {
+	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, 2)
+	for _, m := range []*member{p, s} {
+		var cpus []map[string]any
+		if err := m.launcher.Execute(context.Background(), "query-cpus-fast", nil, &cpus); err != nil || len(cpus) != 2 {
+			t.Fatalf("%s has %d vCPUs (%v), want 2", m.name, len(cpus), err)
+		}
+	}
+	killed := time.Now()
+	p.killQEMU()
+	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU (two vCPUs)")
+	c.waitState(p, failover.Fenced, 10*time.Second)
 }
 
 // TestLibvirtHoldsACOLOMember is what libvirt does to a COLO member, and what it lets lockstep
