@@ -45,6 +45,8 @@ type FaultTolerantVMValidator struct {
 	Limits placement.Limits
 	// DefaultLogBandwidthMbps is reserved for a VM without spec.expectedLoad.
 	DefaultLogBandwidthMbps int
+	// RAMCache: members are COLO members, whose secondary reserves the guest's memory twice.
+	RAMCache bool
 }
 
 var _ admission.Validator[*ftv1.FaultTolerantVM] = &FaultTolerantVMValidator{}
@@ -139,7 +141,7 @@ func (v *FaultTolerantVMValidator) room(ctx context.Context, ftvm *ftv1.FaultTol
 			CPU: n.Status.Allocatable[corev1.ResourceCPU], Memory: n.Status.Allocatable[corev1.ResourceMemory],
 		})
 	}
-	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms)
+	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms, v.RAMCache)
 	return errs, warnings, nil
 }
 

@@ -12,13 +12,16 @@ import (
 type Options struct {
 	Limits                  placement.Limits
 	DefaultLogBandwidthMbps int
+	// RAMCache: members are COLO members (--colo), whose secondary reserves the guest's memory
+	// twice.
+	RAMCache bool
 }
 
 // Setup registers lockstep's webhooks with the manager's webhook server.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	err := ctrl.NewWebhookManagedBy(mgr, &ftv1.FaultTolerantVM{}).
 		WithDefaulter(FaultTolerantVMDefaulter{}).
-		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps}).
+		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps, RAMCache: opts.RAMCache}).
 		Complete()
 	if err != nil {
 		return err

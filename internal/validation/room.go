@@ -2,6 +2,7 @@ package validation
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -25,8 +26,10 @@ type Room struct {
 // ValidateRoom returns why no node could ever hold a member of the VM (its vCPUs above every
 // node's FT vCPU limit, its memory or CPUs above every node's allocatable, its logging bandwidth
 // above every node's budget), and warnings when only one node could: the pair needs two. With no
-// nodes at all it only warns, so that a cluster can be set up in any order.
-func ValidateRoom(ftvm *ftv1.FaultTolerantVM, logBandwidthMbps int, nodes []Room) (field.ErrorList, []string) {
+// nodes at all it only warns, so that a cluster can be set up in any order. With ramCache (COLO),
+// the secondary reserves the guest's memory twice (member.reserveRAMCache), and a VM whose
+// secondary no node could hold is refused too.
+func ValidateRoom(ftvm *ftv1.FaultTolerantVM, logBandwidthMbps int, nodes []Room, ramCache bool) (field.ErrorList, []string) {
 	if len(nodes) == 0 {
 		return nil, []string{"the cluster has no nodes yet, so the VM's size was not checked against any node's FT limit or capacity"}
 	}
@@ -59,7 +62,27 @@ func ValidateRoom(ftvm *ftv1.FaultTolerantVM, logBandwidthMbps int, nodes []Room
 		return field.ErrorList{field.Forbidden(field.NewPath("spec", "template", "spec", "domain"),
 			fmt.Sprintf("no node can hold a member of this VM (%s): %s; make the VM smaller, or raise the FT limit (the operator's --max-ft-vcpus-per-node, or a node's %s annotation)",
 				size, summarize(why), ftv1.AnnotationNodeMaxVCPUs))}, nil
-	case 1:
+	}
+	if ramCache {
+		secondary := mem.DeepCopy()
+		secondary.Add(mem)
+		most, room := resource.Quantity{}, false
+		for _, n := range nodes {
+			if !slices.Contains(fit, n.Name) {
+				continue
+			}
+			room = room || n.Memory.IsZero() || secondary.Cmp(n.Memory) <= 0
+			if n.Memory.Cmp(most) > 0 {
+				most = n.Memory.DeepCopy()
+			}
+		}
+		if !room {
+			return field.ErrorList{field.Forbidden(field.NewPath("spec", "template", "spec", "domain", "memory"),
+				fmt.Sprintf("no node can hold this VM's secondary: a COLO secondary reserves the guest's memory twice (%s: its RAM cache, a second copy of the guest's memory), and the nodes that could hold a member have at most %s to allocate; make the guest smaller or add memory",
+					secondary.String(), most.String()))}, nil
+		}
+	}
+	if len(fit) == 1 {
 		return nil, []string{fmt.Sprintf("only node %s can hold a member of this VM (%s), and a pair needs two nodes: it will run NotProtected until another node can", fit[0], size)}
 	}
 	return nil, nil

@@ -221,6 +221,7 @@ func TestValidateRoom(t *testing.T) {
 		wantErr   string
 		wantWarn  string
 		wantClean bool
+		ramCache  bool
 	}{
 		{name: "no nodes yet", ftvm: wide, bw: 100, wantWarn: "no nodes yet"},
 		{name: "fits two", ftvm: valid(), bw: 100, nodes: []Room{node("a", limits, ""), node("b", limits, "")}, wantClean: true},
@@ -234,11 +235,15 @@ func TestValidateRoom(t *testing.T) {
 			wantErr: "the FT VM limit is 0"},
 		{name: "bandwidth", ftvm: valid(), bw: 2000, nodes: []Room{node("a", limits, ""), node("b", limits, "")},
 			wantErr: "logging bandwidth budget is 1000 Mbit/s"},
+		{name: "a COLO secondary's RAM cache", ftvm: valid(), bw: 100, nodes: []Room{node("a", limits, "1536Mi"), node("b", limits, "1536Mi")}, ramCache: true,
+			wantErr: "no node can hold this VM's secondary: a COLO secondary reserves the guest's memory twice (2Gi"},
+		{name: "room for the secondary on one node", ftvm: valid(), bw: 100, nodes: []Room{node("a", limits, "1536Mi"), node("b", limits, "4Gi")}, ramCache: true,
+			wantClean: true},
 		{name: "bandwidth not budgeted", ftvm: valid(), bw: 2000, nodes: []Room{node("a", placement.Limits{MaxMembers: 4, MaxVCPUs: 8}, ""), node("b", placement.Limits{MaxMembers: 4, MaxVCPUs: 8}, "")},
 			wantClean: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			errs, warnings := ValidateRoom(c.ftvm, c.bw, c.nodes)
+			errs, warnings := ValidateRoom(c.ftvm, c.bw, c.nodes, c.ramCache)
 			msg := errs.ToAggregate()
 			switch {
 			case c.wantClean:
