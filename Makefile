@@ -109,6 +109,10 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 	hack/qemu.sh >/dev/null
 	hack/guest.sh >/dev/null
 
+.PHONY: debian-guest-assets
+debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by debootstrap on a disk that boots by itself; about a minute cold) and the host tools its tiers use, cached under ~/.cache/lockstep.
+	hack/debian-guest.sh >/dev/null
+
 .PHONY: test-vm
 test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover on kill -9 and on node loss, re-protection and a second failover, a partition, lockstepd restarts.
 	hack/gotest.sh vm -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
@@ -118,7 +122,7 @@ libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the pack
 	hack/libvirt.sh >/dev/null
 
 .PHONY: test-libvirt
-test-libvirt: vm-assets libvirt-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
+test-libvirt: vm-assets libvirt-assets debian-guest-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
 	hack/gotest.sh libvirt -tags vmtier -count=1 -timeout 30m -run TestLibvirt -v ./test/vmtier/...
 
 .PHONY: test-e2e
@@ -126,7 +130,7 @@ test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); 
 	hack/gotest.sh e2e -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-fullstack
-test-fullstack: vm-assets libvirt-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, then a seeded schedule of faults (QEMU, lockstepd, the logging link, nodes, the operator: FULLSTACK_CHAOS_SEED, FULLSTACK_CHAOS_STEPS, default 6), with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
+test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, then a seeded schedule of faults (QEMU, lockstepd, the logging link, nodes, the operator: FULLSTACK_CHAOS_SEED, FULLSTACK_CHAOS_STEPS, default 6), with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-scale

@@ -12,8 +12,9 @@
 # <cluster>_sw joins) running lockstepd as its DaemonSet would (config/lockstepd, the real binary,
 # its pod's token, its certificate from the operator's signer); the operator runs with --colo; and
 # the KubeVirt double boots each member VMI on its node's host through lockstep's KubeVirt hook and
-# a libvirt daemon of its own, with real QEMU and the counter guest (hack/qemu.sh, hack/guest.sh,
-# hack/libvirt.sh). A client namespace <cluster>_client is on the VM network at 10.214.0.1.
+# a libvirt daemon of its own, with real QEMU and the Debian guest booting from its disk
+# (hack/qemu.sh, hack/debian-guest.sh, hack/libvirt.sh). A client namespace <cluster>_client is on
+# the VM network at 10.214.0.1.
 #
 #   hack/local-cluster.sh up [NODES]        start (idempotent) with NODES nodes (default 6)
 #   hack/local-cluster.sh down              stop and remove everything (idempotent)
@@ -85,7 +86,7 @@ up() {
   if full_stack; then
     [ "$(id -u)" = 0 ] || { echo "FULL_STACK=1 needs root (network namespaces, QEMU, libvirtd)" >&2; exit 1; }
     "$ROOT/hack/qemu.sh" >/dev/null
-    "$ROOT/hack/guest.sh" >/dev/null
+    "$ROOT/hack/debian-guest.sh" >/dev/null
     "$ROOT/hack/libvirt.sh" >/dev/null
     (cd "$ROOT" && go build -o bin/lockstepd ./cmd/lockstepd &&
       go build -o bin/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook &&
@@ -214,7 +215,7 @@ start() {
       cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")
       if full_stack; then
         cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd"
-          --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/guest.sh")")
+          --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")")
       fi ;;
     *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
   esac

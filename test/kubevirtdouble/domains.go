@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/yaml"
 
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/member"
@@ -24,21 +22,23 @@ import (
 
 // Domains is the local cluster's launcher mode: it boots each member VMI that the scheduler bound
 // to a node on that node's host, as virt-launcher would with lockstep's hook (test/virtlauncher:
-// the hook binary, a libvirt daemon of the VMI's own, real QEMU), with the counter guest
-// (hack/guest.sh). Launcher mirrors the domain's state into the VMI.
+// the hook binary, a libvirt daemon of the VMI's own, real QEMU), with the Debian guest
+// (hack/debian-guest.sh) booting from its disk. Launcher mirrors the domain's state into the VMI.
 //
 // What KubeVirt would take from the VMI, it takes from the VMI: the domain name, the firmware
-// UUID, the NIC's MAC, the guest's memory, the replicated disk's claim, startStrategy Paused;
-// the guest's address comes from the cloud-init network data (the counter guest reads it from its
-// kernel command line). A claim's disk is an image under Storage, kept across hosts, as network
-// storage would keep it.
+// UUID, the NIC's MAC, the guest's memory and vCPUs, the disks in their order, the NoCloud ISO
+// (written from the cloudInitNoCloud volume, as the launcher writes it), startStrategy Paused.
+// A claim's disk is an image under Storage, kept across hosts, as network storage would keep it;
+// a new claim starts as a copy of the guest's image, as a DataVolume imports one.
 type Domains struct {
 	Hosts *Hosts
-	// QEMU and Guest are hack/qemu.sh's and hack/guest.sh's directories; Hook the hook binary.
+	// QEMU and Guest are hack/qemu.sh's and hack/debian-guest.sh's directories; Hook the hook
+	// binary.
 	QEMU, Guest, Hook string
-	// Storage holds the claims' images (<namespace>/<claim>.qcow2).
+	// Storage holds the claims' images (<namespace>/<claim>.img).
 	Storage string
-	// DiskSize is the size of every image (COLO needs the replica and overlays of the same size).
+	// DiskSize is the size of the emptyDisks' images (COLO needs the overlays of the replicated
+	// disk's size: the guest's image's).
 	DiskSize string
 	// Changed receives the VMIs whose domain changed state.
 	Changed chan event.GenericEvent
@@ -177,10 +177,6 @@ func (d *Domains) changed(vmi *virtv1.VirtualMachineInstance) {
 
 // start launches vmi's domain on its host.
 func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtlauncher.Launched, error) {
-	addr, err := GuestAddress(vmi)
-	if err != nil {
-		return nil, err
-	}
 	if len(vmi.Spec.Domain.Devices.Interfaces) == 0 || vmi.Spec.Domain.Devices.Interfaces[0].MacAddress == "" {
 		return nil, errors.New("the VMI has no interface with a MAC address")
 	}
@@ -216,9 +212,7 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 	}
 	vm := colo.VM{
 		Firmware: []string{filepath.Join(d.QEMU, "firmware", "qemu"), filepath.Join(d.QEMU, "firmware", "seabios")},
-		Kernel:   filepath.Join(d.Guest, "vmlinuz"), Initrd: filepath.Join(d.Guest, "initramfs.cpio.gz"),
-		Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + addr, MemoryMB: memoryMB,
-		Tap: dom.tap, MAC: vmi.Spec.Domain.Devices.Interfaces[0].MacAddress,
+		MemoryMB: memoryMB, Tap: dom.tap, MAC: vmi.Spec.Domain.Devices.Interfaces[0].MacAddress,
 		QMP: filepath.Join(dom.dir, "launcher.qmp"), Serial: filepath.Join(dom.dir, "console"),
 	}
 	return virtlauncher.Launch(context.Background(), virtlauncher.Member{
@@ -246,9 +240,9 @@ func waitForDir(dir string, limit time.Duration) error {
 
 // disks are the VMI's disks in its order, each with its image on this host, as virt-launcher
 // has them: a claim's image is raw, on Storage, kept across hosts (as network storage keeps a
-// volume); an emptyDisk is a qcow2 image of DiskSize that the launcher makes (the COLO
-// overlays); a cloudInitNoCloud volume is an empty image (the test guest takes its address from
-// its kernel command line, docs/kubevirt.md).
+// volume), and starts as a copy of the guest's; an emptyDisk is a qcow2 image of DiskSize that
+// the launcher makes (the COLO overlays); a cloudInitNoCloud volume is the ISO the launcher
+// writes from it.
 func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virtlauncher.Disk, error) {
 	volumes := map[string]virtv1.Volume{}
 	for _, v := range vmi.Spec.Volumes {
@@ -270,8 +264,8 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 			if err := os.MkdirAll(filepath.Dir(dd.File), 0o755); err != nil {
 				return nil, err
 			}
-			if err := d.qemuImg("raw", dd.File); err != nil {
-				return nil, err
+			if out, err := exec.Command("cp", "--sparse=always", filepath.Join(d.Guest, "disk.img"), dd.File).CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("the claim's image from the guest's: %w: %s", err, out)
 			}
 		case v.EmptyDisk != nil:
 			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.EmptyDisk, File: filepath.Join(dom.dir, disk.Name+".qcow2")}
@@ -280,7 +274,7 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 			}
 		case v.CloudInitNoCloud != nil:
 			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.NoCloud, File: filepath.Join(dom.dir, "noCloud.iso")}
-			if err := os.WriteFile(dd.File, nil, 0o644); err != nil {
+			if err := virtlauncher.NoCloudISO(vmi, v.Name, dd.File); err != nil {
 				return nil, err
 			}
 		default:
@@ -317,31 +311,4 @@ func (dom *domain) end(how func(*virtlauncher.Launched)) {
 	if l != nil {
 		how(l)
 	}
-}
-
-// GuestAddress is the guest's address (a.b.c.d/prefix) from the VMI's cloud-init network data
-// (version 2: the first address of the first ethernet).
-func GuestAddress(vmi *virtv1.VirtualMachineInstance) (string, error) {
-	for _, v := range vmi.Spec.Volumes {
-		ci := v.CloudInitNoCloud
-		if ci == nil || ci.NetworkData == "" {
-			continue
-		}
-		var nd struct {
-			Ethernets map[string]struct {
-				Addresses []string `json:"addresses"`
-			} `json:"ethernets"`
-		}
-		if err := yaml.Unmarshal([]byte(ci.NetworkData), &nd); err != nil {
-			return "", fmt.Errorf("the cloud-init network data of volume %s: %w", v.Name, err)
-		}
-		for _, e := range nd.Ethernets {
-			for _, a := range e.Addresses {
-				if strings.Contains(a, "/") {
-					return a, nil
-				}
-			}
-		}
-	}
-	return "", errors.New("the VMI gives the guest no address: the double takes it from a cloudInitNoCloud volume's networkData (ethernets.<name>.addresses)")
 }

@@ -157,8 +157,9 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 //   - the CPU is a named model (qemu64), not host-model, which TCG cannot offer;
 //   - lockstep's QEMU is the emulator, and its firmware directories (SeaBIOS, the VGA and option
 //     ROMs) are given with -L, as a launcher image that carries it would install them;
-//   - the test guest boots from its kernel and initramfs (the busybox counter guest has no boot
-//     loader), with its address on the kernel command line;
+//   - the busybox counter guest, which has no boot loader, boots from its kernel and initramfs,
+//     with its address on the kernel command line (the Debian guest boots from its disk, as
+//     KubeVirt's domain has it, and takes its address from the NoCloud ISO);
 //   - the double's own QMP monitor, through which the tests read the VM, and the tests' trace
 //     and dump arguments are added to <qemu:commandline>.
 func forThisMachine(d *libvirtxml.Domain, s DomainSpec) *libvirtxml.Domain {

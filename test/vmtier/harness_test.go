@@ -74,18 +74,21 @@ func compareTimeout() time.Duration {
 // into brw (port u<i> on the switch, up only on the node the VM runs on), and a logging link
 // into brl with the node's address.
 type cluster struct {
-	t             testing.TB
-	qemu, guest   string
-	client, sw    string
-	clientIf      string
-	vmAddr        string
-	nodes         []*node
-	lease         *leasedouble.Lease
-	ca            *pki.CA
-	dir, runDir   string
-	inProcess     bool // lockstepd runs in the test process (lockstepd.Node), not as processes
-	viaLibvirt    bool // members are launched through the KubeVirt hook and a libvirt daemon each
-	vcpus         int  // the guest's vCPUs on the libvirt stack (0: 1)
+	t           testing.TB
+	qemu, guest string
+	client, sw  string
+	clientIf    string
+	vmAddr      string
+	nodes       []*node
+	lease       *leasedouble.Lease
+	ca          *pki.CA
+	dir, runDir string
+	inProcess   bool // lockstepd runs in the test process (lockstepd.Node), not as processes
+	viaLibvirt  bool // members are launched through the KubeVirt hook and a libvirt daemon each
+	vcpus       int  // the guest's vCPUs on the libvirt stack (0: 1)
+	// debian: the VM runs the Debian guest (hack/debian-guest.sh, on the libvirt stack), not the
+	// busybox counter guest.
+	debian        *debianGuest
 	hookBin       string
 	members       []*member
 	mu            sync.Mutex
@@ -324,12 +327,21 @@ func (c *cluster) launch(m *member) {
 		t.Fatal(err)
 	}
 	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)
+	size := diskSize
+	if c.debian != nil {
+		m.vm, size = c.debian.vm(c.qemu, m.dir, "launcher"), fmt.Sprint(c.debian.size)
+	}
 	m.vm.Sockets = colo.Sockets{Dir: m.dir}
 	file := func(f string) string { return filepath.Join(m.dir, f) }
 	// The claim's image and the secondary's copy are raw, as KubeVirt's disk.img on a filesystem
-	// claim; the overlays qcow2, as its emptyDisks.
+	// claim; the overlays qcow2, as its emptyDisks. A primary of the Debian guest runs on a copy
+	// of its image.
 	for img, format := range map[string]string{"disk.img": "raw", "parent.img": "raw", "active.qcow2": "qcow2", "hidden.qcow2": "qcow2"} {
-		qemuImg(t, c.qemu, "create", "-f", format, file(img), diskSize)
+		if img == "disk.img" && m.spec.Primary && c.debian != nil {
+			c.debian.copyDisk(t, file(img))
+			continue
+		}
+		qemuImg(t, c.qemu, "create", "-f", format, file(img), size)
 	}
 	if c.viaLibvirt {
 		c.launchLibvirt(m)
@@ -497,6 +509,8 @@ type client struct {
 	c    *cluster
 	last int
 	boot string
+	// addr is the counter's address (ip:port); "" is the VM's IPv4 address.
+	addr string
 	// dialTimeout bounds each connection attempt (counter.AskDialing; 0: the kernel's SYN
 	// retransmissions).
 	dialTimeout time.Duration
@@ -509,7 +523,11 @@ func (cl *client) next(what string, limit time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		r, err := counter.AskDialing(context.Background(), cl.c.client, cl.c.vmAddr+":7777", cl.dialTimeout)
+		addr := cl.addr
+		if addr == "" {
+			addr = cl.c.vmAddr + ":7777"
+		}
+		r, err := counter.AskDialing(context.Background(), cl.c.client, addr, cl.dialTimeout)
 		count, id, disk := r.Count, r.BootID, r.Disk
 		if err == nil {
 			at := time.Now()
@@ -580,7 +598,7 @@ func (cl *client) serveFor(what string, d time.Duration) {
 
 var sector = regexp.MustCompile(`count=(\d+)`)
 
-// checkDisk reads sector 0 of the VM's disk as QEMU's block layer on m has it (not the guest's
+// checkDisk reads the counter's sector of the VM's disk as QEMU's block layer on m has it (not the guest's
 // page cache): m exports its disk read-only over NBD, and qemu-io reads it. It must hold the
 // last acknowledged count.
 func (cl *client) checkDisk(m *member) {
@@ -596,15 +614,19 @@ func (cl *client) checkDisk(m *member) {
 	if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": "colo-disk0", "name": "check", "writable": false}, nil); err != nil {
 		t.Fatal(err)
 	}
+	offset := 0 // the busybox guest's counter is sector 0 of the disk; the Debian guest's, of a partition
+	if cl.c.debian != nil {
+		offset = debianCounterOffset
+	}
 	out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
-		"nbd+unix:///check?socket="+sock, "-c", "read -v 0 16").CombinedOutput()
+		"nbd+unix:///check?socket="+sock, "-c", fmt.Sprintf("read -v %d 16", offset)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("qemu-io: %v\n%s", err, out)
 	}
 	// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
 	var ascii strings.Builder
 	for _, line := range strings.Split(string(out), "\n") {
-		if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, "000000") {
+		if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, fmt.Sprintf("%08x", offset)) {
 			ascii.WriteString(line[i+2:])
 		}
 	}

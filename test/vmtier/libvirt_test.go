@@ -51,14 +51,21 @@ func (c *cluster) launchLibvirt(m *member) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	extra := c.diagnostics(m, "hostua-default") // libvirt's netdev for the NIC of alias ua-default
+	vmi := c.launcherVMI(m)
+	disks := []virtlauncher.Disk{{Name: "rootdisk", Kind: virtlauncher.Claim, File: disk}}
+	if c.debian != nil { // its NoCloud ISO, as the launcher writes it from the VMI
+		iso := file("noCloud.iso")
+		if err := virtlauncher.NoCloudISO(vmi, "cloudinit", iso); err != nil {
+			t.Fatal(err)
+		}
+		disks = append(disks, virtlauncher.Disk{Name: "cloudinit", Kind: virtlauncher.NoCloud, File: iso})
+	}
+	disks = append(disks, virtlauncher.Disk{Name: ftv1.DiskColoActive, Kind: virtlauncher.EmptyDisk, File: file("active.qcow2")},
+		virtlauncher.Disk{Name: ftv1.DiskColoHidden, Kind: virtlauncher.EmptyDisk, File: file("hidden.qcow2")})
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
-		VMI: memberVMI(m),
-		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: m.spec.UID, VCPUs: c.vcpus,
-			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm,
-			Disks: []virtlauncher.Disk{{Name: "rootdisk", Kind: virtlauncher.Claim, File: disk},
-				{Name: ftv1.DiskColoActive, Kind: virtlauncher.EmptyDisk, File: file("active.qcow2")},
-				{Name: ftv1.DiskColoHidden, Kind: virtlauncher.EmptyDisk, File: file("hidden.qcow2")}},
-			Extra: extra},
+		VMI: vmi,
+		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: firmwareUUID, VMIUID: m.spec.UID, VCPUs: c.vcpus,
+			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm, Disks: disks, Extra: extra},
 		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBinary(), RunDir: c.runDir, Log: m.dir,
 		Paused: !m.spec.Primary, Shares: c.launcherShares(),
 	})
@@ -67,6 +74,7 @@ func (c *cluster) launchLibvirt(m *member) {
 	}
 	t.Cleanup(l.Stop) // the daemon and the hook that run then, after any restart
 	m.lv, m.pid = l.Libvirtd, l.PID
+	m.qemuLog = filepath.Join(l.Libvirtd.Dir, "log", "qemu", domainName(m)+".log") // QEMU's output, as libvirt keeps it
 	go func() { <-l.Exited; close(m.exited) }()
 }
 
@@ -88,21 +96,32 @@ func (c *cluster) hookBinary() string {
 	return c.hookBin
 }
 
-// memberVMI is the member's VMI as virt-launcher sends it to the hook: the pair and role labels
-// and the UID that names its directory, and its disks.
-func memberVMI(m *member) *virtv1.VirtualMachineInstance {
+// firmwareUUID is the VM's firmware UUID, which both members' VMIs have (the operator copies it
+// from the template): their SMBIOS UUID, and their cloud-init instance-id.
+const firmwareUUID = "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a"
+
+// launcherVMI is the member's VMI as virt-launcher sends it to the hook: the pair and role labels
+// and the UID that names its directory, its firmware UUID, and its disks (with the Debian guest,
+// its cloudInitNoCloud volume after the root disk).
+func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
 	role := ftv1.RoleSecondary
 	if m.spec.Primary {
 		role = ftv1.RolePrimary
 	}
 	ns, pair, _ := strings.Cut(m.spec.Pair, "/")
-	return &virtv1.VirtualMachineInstance{
+	vmi := &virtv1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.name, UID: types.UID(m.spec.UID), Labels: map[string]string{ftv1.LabelPair: pair, ftv1.LabelRole: role},
 			Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}}, // as the operator names it
-		Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Devices: virtv1.Devices{Disks: []virtv1.Disk{
-			{Name: "rootdisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden},
-		}}}},
+		Spec: virtv1.VirtualMachineInstanceSpec{Hostname: debianHostname, Domain: virtv1.DomainSpec{
+			Firmware: &virtv1.Firmware{UUID: types.UID(firmwareUUID)},
+			Devices:  virtv1.Devices{Disks: []virtv1.Disk{{Name: "rootdisk"}}}}},
 	}
+	if c.debian != nil {
+		vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, virtv1.Disk{Name: "cloudinit"})
+		vmi.Spec.Volumes = append(vmi.Spec.Volumes, c.debian.cloudInit(c.t, c.vmAddr))
+	}
+	vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, virtv1.Disk{Name: ftv1.DiskColoActive}, virtv1.Disk{Name: ftv1.DiskColoHidden})
+	return vmi
 }
 
 // virsh runs virsh against the member's daemon and fails the test on an error.
@@ -117,11 +136,59 @@ func (m *member) virsh(t testing.TB, args ...string) string {
 
 // The VM tier's scenarios on the libvirt stack, with the same checks: the counter never goes
 // back, the boot stays the same, the disk holds the last acknowledged count, the loser is fenced.
+// The failovers run the real guest (debian: Debian 12 booting from its disk in KubeVirt's
+// domain, two vCPUs, QEMU as uid 107); the scenarios of lockstep's own recovery run the busybox
+// guest, which boots in seconds.
 
-func TestLibvirtFailoverOnKillOfThePrimaryQEMU(t *testing.T)     { failoverOnKill(t, viaLibvirt) }
-func TestLibvirtFailoverOnLossOfThePrimaryNode(t *testing.T)     { failoverOnNodeLoss(t, viaLibvirt) }
+// TestLibvirtFailoverOnKillOfThePrimaryQEMU: the real guest, checked for what cloud-init, systemd
+// and the guest agent made of it; an ssh session whose output differs on the two sides (so
+// colo-compare finds mismatches and asks for checkpoints) runs while the counter is served; kill
+// -9 of the primary's QEMU. The session goes on on the secondary without a line lost or repeated.
+func TestLibvirtFailoverOnKillOfThePrimaryQEMU(t *testing.T) {
+	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, debian)
+	c.checkRealGuest(p, s)
+	sess := c.debian.startSession(t, c.client, c.vmAddr)
+	started, before := time.Now(), p.agent.Status()
+	sess.waitLines(t, 30, started, 2*time.Minute)
+	for range 5 {
+		cl.next("the counter beside the ssh session", time.Minute)
+	}
+	sess.waitLines(t, 50, started, 2*time.Minute)
+	after := p.agent.Status()
+	if !after.CheckpointCausesKnown || after.CheckpointsOnMismatch <= before.CheckpointsOnMismatch {
+		t.Fatalf("the ssh session's output caused no checkpoint on a mismatch (%d before it, %d after; causes known: %v)",
+			before.CheckpointsOnMismatch, after.CheckpointsOnMismatch, after.CheckpointCausesKnown)
+	}
+	t.Logf("the ssh session: %d lines, %d checkpoints on a mismatch", sess.linesSince(started), after.CheckpointsOnMismatch-before.CheckpointsOnMismatch)
+	killed := time.Now()
+	p.killQEMU()
+	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU (the real guest, an ssh session running)")
+	c.waitState(p, failover.Fenced, 10*time.Second)
+	sess.waitLines(t, 20, killed, time.Minute)
+	t.Logf("the ssh session went on on the secondary: %d lines since the kill, none lost or repeated", sess.linesSince(killed))
+}
+
+// TestLibvirtFailoverOnLossOfThePrimaryNode: the real guest, its counter asked over IPv6 (the
+// guest's link-local address), which colo-compare does not parse: lockstep's QEMU holds the
+// primary's IPv6 packets until the next checkpoint (hack/qemu/colo-compare-unparsed-held.patch).
+// The primary's node is lost.
+func TestLibvirtFailoverOnLossOfThePrimaryNode(t *testing.T) {
+	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, debian)
+	c.clientIPv6()
+	cl.addr = "[fe80::5054:ff:fe12:3456%" + c.clientIf + "]:7777" // the guest's EUI-64 link-local address
+	for range 5 {
+		cl.next("the counter over IPv6 under COLO", time.Minute)
+	}
+	t.Logf("colo-compare held %d packets of the primary (IPv6, ARP) until a checkpoint", c.unparsedHeld(p))
+	lost := time.Now()
+	c.crashNode(p.node)
+	failedOver(t, c, cl, p, s, lost, "loss of the primary's node (the real guest, over IPv6)")
+}
+
+// TestLibvirtPartitionLetsOneSideServe: the real guest; the primary's logging link is cut.
+func TestLibvirtPartitionLetsOneSideServe(t *testing.T) { partition(t, viaLibvirt, debian) }
+
 func TestLibvirtReprotectionSurvivesASecondFailure(t *testing.T) { reprotection(t, viaLibvirt) }
-func TestLibvirtPartitionLetsOneSideServe(t *testing.T)          { partition(t, viaLibvirt) }
 func TestLibvirtGoLiveSurvivesALockstepdCrash(t *testing.T) {
 	goLiveSurvivesALockstepdCrash(t, viaLibvirt)
 }
@@ -182,22 +249,6 @@ func (m *member) state() string {
 		return err.Error()
 	}
 	return out
-}
-
-// TestLibvirtFailoverWithTwoVCPUs: the guest has two vCPUs (cores of one socket, as a template
-// with cpu.cores 2 gives it), under TCG's threads; kill -9 of the primary's QEMU.
-func TestLibvirtFailoverWithTwoVCPUs(t *testing.T) {
-	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, 2)
-	for _, m := range []*member{p, s} {
-		var cpus []map[string]any
-		if err := m.launcher.Execute(context.Background(), "query-cpus-fast", nil, &cpus); err != nil || len(cpus) != 2 {
-			t.Fatalf("%s has %d vCPUs (%v), want 2", m.name, len(cpus), err)
-		}
-	}
-	killed := time.Now()
-	p.killQEMU()
-	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU (two vCPUs)")
-	c.waitState(p, failover.Fenced, 10*time.Second)
 }
 
 // TestLibvirtHoldsACOLOMember is what libvirt does to a COLO member, and what it lets lockstep

@@ -8,7 +8,9 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"path/filepath"
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,11 +39,11 @@ func main() {
 	flag.StringVar(&cluster, "cluster", "lockstep", "With --hosts: the cluster's name, which prefixes the namespaces' names (<cluster>_<node>, <cluster>_sw, <cluster>_client).")
 	flag.StringVar(&state, "hosts-dir", "/run/lockstep-hosts", "With --hosts: the hosts' directories (short: Unix socket paths end at 107 bytes).")
 	flag.StringVar(&storage, "storage-dir", "", "With --hosts: the claims' disk images (default <hosts-dir>/storage).")
-	flag.StringVar(&size, "disk-size", "64M", "With --hosts: the size of every disk image.")
+	flag.StringVar(&size, "disk-size", "", "With --hosts: the size of the emptyDisks' images (default: the guest's image's, which the COLO overlays need).")
 	flag.StringVar(&lockstepd, "lockstepd", "bin/lockstepd", "With --hosts: the lockstepd binary.")
 	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
 	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory.")
-	flag.StringVar(&guest, "guest", "", "With --hosts: hack/guest.sh's directory.")
+	flag.StringVar(&guest, "guest", "", "With --hosts: hack/debian-guest.sh's directory (its disk.img is every new claim's first content).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -88,6 +90,13 @@ func main() {
 		defer func() { _ = h.Teardown() }()
 		if err := h.SetupWithManager(mgr); err != nil {
 			fail(err, "hosts controller")
+		}
+		if size == "" {
+			st, err := os.Stat(filepath.Join(guest, "disk.img"))
+			if err != nil {
+				fail(err, "the guest's image")
+			}
+			size = fmt.Sprint(st.Size())
 		}
 		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, DiskSize: size, Log: log.WithName("domains")}
 	}

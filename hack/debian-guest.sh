@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds lockstep's Debian test guest: a Debian 12 disk image that boots by itself under SeaBIOS
+# and OVMF, as a VM's disk.img on a claim does. debootstrap's minbase and the packages pinned in
+# hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd);
+# cloud-init reads only the NoCloud ISO; the counter (hack/debian-guest/counterd) is a systemd
+# service that keeps its count on the partition labelled counter.
+#
+# The disk (GPT, 2 GiB, sparse):
+#   1 esp      64 MiB  FAT: syslinux for SeaBIOS (legacy-BIOS-bootable, gptmbr.bin in the
+#                      protective MBR) and for OVMF (EFI/BOOT/BOOTX64.EFI), the kernel, the initramfs
+#   2 counter   8 MiB  raw: the counter's sector
+#   3 root     rest    ext4, made from the debootstrap tree (mkfs.ext4 -d: no loop device, no mount)
+#
+#   hack/debian-guest.sh   -> prints the directory holding disk.img and packages.lock
+#
+# Cached under ~/.cache/lockstep/debian-guest/<hash of this script and hack/debian-guest>/ and
+# linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
+# pinned and installed here (genisoimage writes the NoCloud ISO, as KubeVirt's launcher does;
+# ssh is the tests' client of the guest's sshd).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CONF="$ROOT/hack/debian-guest"
+CACHE="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/debian-guest"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
+HOST_TOOLS=(debootstrap=1.0.128+nmu2+deb12u2 fdisk=2.38.1-5+deb12u3 dosfstools=4.2-1
+  mtools=4.0.33-1+really4.0.32-1 syslinux=3:6.04~git20190206.bf6db5b4+dfsg1-3+b1
+  syslinux-common=3:6.04~git20190206.bf6db5b4+dfsg1-3 syslinux-efi=3:6.04~git20190206.bf6db5b4+dfsg1-3
+  genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6)
+DISK_MIB=2048
+ESP_MIB=64
+COUNTER_MIB=8
+
+hash="$( (cat "${BASH_SOURCE[0]}"; cd "$CONF" && find . -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done) |
+  sha256sum | cut -c1-12)"
+OUT="$CACHE/$hash"
+
+host_tools() {
+  local missing=()
+  for p in "${HOST_TOOLS[@]}"; do
+    [ "$(dpkg-query -W -f='${Status} ${Version}' "${p%%=*}" 2>/dev/null)" = "install ok installed ${p#*=}" ] || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  echo ">> installing ${missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2 || {
+    apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+  }
+}
+
+# in_root runs a command in the tree, with the kernel's file systems that package scripts use.
+in_root() {
+  DEBIAN_FRONTEND=noninteractive LC_ALL=C chroot "$tree" "$@"
+}
+
+build() {
+  work="$(mktemp -d "${TMPDIR:-/tmp}/debian-guest.XXXXXX")"
+  trap 'rm -rf "$work"' EXIT
+  tree="$work/root"
+  echo ">> debootstrap (minbase) of bookworm from $MIRROR" >&2
+  debootstrap --variant=minbase bookworm "$tree" "$MIRROR" >&2
+  cat >"$tree/etc/apt/sources.list" <<EOF
+deb $MIRROR bookworm main
+deb $MIRROR bookworm-updates main
+deb $SECURITY_MIRROR bookworm-security main
+EOF
+  cp /etc/resolv.conf "$tree/etc/resolv.conf" 2>/dev/null || true
+  # Only the modules that find the root go into the initramfs: a smaller one boots faster under TCG.
+  mkdir -p "$tree/etc/initramfs-tools/conf.d"
+  echo MODULES=list >"$tree/etc/initramfs-tools/conf.d/lockstep"
+  grep -v '^#' "$CONF/initramfs-modules" >>"$tree/etc/initramfs-tools/modules"
+  mapfile -t pins < <(grep -v '^#' "$CONF/packages" | grep .)
+  echo ">> installing ${pins[*]}" >&2
+  in_root apt-get update -q >&2
+  in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
+  in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
+
+  echo ">> configuring the guest" >&2
+  install -m 0644 "$CONF/fstab" "$tree/etc/fstab"
+  mkdir -p "$tree/boot/efi"
+  install -m 0644 "$CONF/cloud.cfg" "$tree/etc/cloud/cloud.cfg.d/90-lockstep.cfg"
+  CGO_ENABLED=0 go build -C "$ROOT" -trimpath -o "$tree/usr/local/bin/counterd" ./hack/debian-guest/counterd
+  install -m 0644 "$CONF/counterd.service" "$tree/etc/systemd/system/counterd.service"
+  ln -sf /etc/systemd/system/counterd.service "$tree/etc/systemd/system/multi-user.target.wants/counterd.service"
+  # Made at first boot, per instance: the machine id by systemd, the host keys by cloud-init.
+  : >"$tree/etc/machine-id"
+  rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*
+  echo debian >"$tree/etc/hostname"
+  rm -f "$tree/etc/resolv.conf"
+  in_root apt-get clean
+  rm -rf "$tree"/var/lib/apt/lists/* "$tree"/usr/share/doc/* "$tree"/usr/share/man/* "$tree"/usr/share/locale/*
+  # Drivers no VM of KubeVirt's has: the image is copied for every member.
+  rm -rf "$tree"/usr/lib/modules/*/kernel/drivers/{gpu,media,net/wireless,infiniband,staging,isdn,bluetooth,iio} \
+    "$tree"/usr/lib/modules/*/kernel/sound
+  kver="$(basename "$(ls -d "$tree"/usr/lib/modules/*)")"
+  in_root depmod "$kver"
+
+  echo ">> making the disk" >&2
+  local esp="$work/esp.img" rootfs="$work/root.img" disk="$work/disk.img"
+  local root_mib=$((DISK_MIB - 1 - ESP_MIB - COUNTER_MIB - 1))
+  mkfs.vfat -n ESP -C "$esp" $((ESP_MIB * 1024)) >/dev/null
+  mmd -i "$esp" ::/EFI ::/EFI/BOOT
+  mcopy -i "$esp" "$tree/boot/vmlinuz-$kver" ::/vmlinuz
+  mcopy -i "$esp" "$tree/boot/initrd.img-$kver" ::/initrd.img
+  mcopy -i "$esp" "$CONF/syslinux.cfg" ::/syslinux.cfg
+  mcopy -i "$esp" /usr/lib/SYSLINUX.EFI/efi64/syslinux.efi ::/EFI/BOOT/BOOTX64.EFI
+  mcopy -i "$esp" /usr/lib/syslinux/modules/efi64/ldlinux.e64 ::/EFI/BOOT/ldlinux.e64
+  mcopy -i "$esp" "$CONF/syslinux.cfg" ::/EFI/BOOT/syslinux.cfg
+  syslinux --install "$esp"
+  mkfs.ext4 -q -L root -d "$tree" "$rootfs" "${root_mib}M"
+  truncate -s "${DISK_MIB}M" "$disk"
+  sfdisk -q "$disk" <<EOF
+label: gpt
+start=1MiB, size=${ESP_MIB}MiB, type=C12A7328-F81F-11D2-BA4B-00A0C93EC93B, name=esp, attrs=LegacyBIOSBootable
+size=${COUNTER_MIB}MiB, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name=counter
+size=${root_mib}MiB, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, name=root
+EOF
+  dd if="$esp" of="$disk" bs=1M seek=1 conv=notrunc,sparse status=none
+  dd if="$rootfs" of="$disk" bs=1M seek=$((1 + ESP_MIB + COUNTER_MIB)) conv=notrunc,sparse status=none
+  dd if=/usr/lib/syslinux/mbr/gptmbr.bin of="$disk" bs=440 count=1 conv=notrunc status=none
+
+  rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
+  mv "$disk" "$work/packages.lock" "$OUT.tmp/"
+  echo "$kver" >"$OUT.tmp/kernel"
+  rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+}
+
+host_tools
+[ -f "$OUT/disk.img" ] || build
+mkdir -p "$ROOT/bin"
+ln -sfn "$OUT" "$ROOT/bin/debian-guest"
+echo "$OUT"
