@@ -2,8 +2,8 @@
 # Builds lockstep's Debian test guest: a Debian 12 disk image that boots by itself under SeaBIOS
 # and OVMF, as a VM's disk.img on a claim does. debootstrap's minbase and the packages pinned in
 # hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd);
-# cloud-init reads only the NoCloud ISO; the counter (hack/debian-guest/counterd) is a systemd
-# service that keeps its count on the partition labelled counter.
+# cloud-init reads only the NoCloud ISO; the counter (hack/debian-guest/lockstep-counter) is a
+# systemd service that keeps its count on the partition labelled counter.
 #
 # The disk (GPT, 2 GiB, sparse):
 #   1 esp      64 MiB  FAT: syslinux for SeaBIOS (legacy-BIOS-bootable, gptmbr.bin in the
@@ -32,7 +32,7 @@ DISK_MIB=2048
 ESP_MIB=64
 COUNTER_MIB=8
 
-hash="$( (cat "${BASH_SOURCE[0]}"; cd "$CONF" && find . -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done) |
+hash="$( (cat "${BASH_SOURCE[0]}"; cd "$CONF" && find . -type f ! -name '*_test.go' | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done) |
   sha256sum | cut -c1-12)"
 OUT="$CACHE/$hash"
 
@@ -79,9 +79,9 @@ EOF
   install -m 0644 "$CONF/fstab" "$tree/etc/fstab"
   mkdir -p "$tree/boot/efi"
   install -m 0644 "$CONF/cloud.cfg" "$tree/etc/cloud/cloud.cfg.d/90-lockstep.cfg"
-  CGO_ENABLED=0 go build -C "$ROOT" -trimpath -o "$tree/usr/local/bin/counterd" ./hack/debian-guest/counterd
-  install -m 0644 "$CONF/counterd.service" "$tree/etc/systemd/system/counterd.service"
-  ln -sf /etc/systemd/system/counterd.service "$tree/etc/systemd/system/multi-user.target.wants/counterd.service"
+  CGO_ENABLED=0 go build -C "$ROOT" -trimpath -o "$tree/usr/local/bin/lockstep-counter" ./hack/debian-guest/lockstep-counter
+  install -m 0644 "$CONF/lockstep-counter.service" "$tree/etc/systemd/system/lockstep-counter.service"
+  ln -sf /etc/systemd/system/lockstep-counter.service "$tree/etc/systemd/system/multi-user.target.wants/lockstep-counter.service"
   # Made at first boot, per instance: the machine id by systemd, the host keys by cloud-init.
   : >"$tree/etc/machine-id"
   rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*

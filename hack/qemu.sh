@@ -108,6 +108,19 @@ if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
   cp -r "$fw/x/usr/share/qemu" "$PREFIX/firmware/qemu"
   rm -rf "$fw"
 fi
+# OVMF, for guests that boot with EFI: Debian 12's build, whose file names are those KubeVirt's
+# domains give (OVMF_CODE.secboot.fd, the VARS template OVMF_VARS.fd). A launcher image carries it
+# at /usr/share/edk2/ovmf.
+OVMF_VERSION="${OVMF_VERSION:-2022.11-6+deb12u2}"
+if [ ! -f "$PREFIX/firmware/ovmf/OVMF_CODE.secboot.fd" ]; then
+  fw="$(mktemp -d)"
+  chmod 777 "$fw"
+  (cd "$fw" && { apt-get download "ovmf=$OVMF_VERSION" >&2 || { apt-get update >&2 && apt-get download "ovmf=$OVMF_VERSION" >&2; }; })
+  dpkg-deb -x "$fw"/ovmf_*.deb "$fw/x"
+  rm -rf "$PREFIX/firmware/ovmf"
+  cp -rL "$fw/x/usr/share/OVMF" "$PREFIX/firmware/ovmf"
+  rm -rf "$fw"
+fi
 mkdir -p "$ROOT/bin"
 ln -sfn "$PREFIX" "$ROOT/bin/qemu"
 echo "$PREFIX"

@@ -219,10 +219,10 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 		VMI: vmi,
 		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid, VMIUID: string(vmi.UID),
 			Emulator: filepath.Join(d.QEMU, "bin", "qemu-system-x86_64"), VM: vm, VCPUs: member.VCPUs(&vmi.Spec),
-			Interface: vmi.Spec.Domain.Devices.Interfaces[0].Name, Disks: disks},
+			Interface: vmi.Spec.Domain.Devices.Interfaces[0].Name, Disks: disks, EFI: efi(vmi)},
 		NetNS: ns, StateDir: dom.dir, HookBin: d.Hook, RunDir: dom.host.RunDir, Log: dom.dir,
 		Paused: vmi.Spec.StartStrategy != nil && *vmi.Spec.StartStrategy == virtv1.StartStrategyPaused,
-		Shares: map[string]string{"/usr/local/lockstep": d.QEMU, "/usr/local/lockstep-guest": d.Guest},
+		Shares: virtlauncher.LauncherShares(d.QEMU, d.Guest),
 	})
 }
 
@@ -311,4 +311,10 @@ func (dom *domain) end(how func(*virtlauncher.Launched)) {
 	if l != nil {
 		how(l)
 	}
+}
+
+// efi says whether the VMI boots with EFI (OVMF), not SeaBIOS.
+func efi(vmi *virtv1.VirtualMachineInstance) bool {
+	fw := vmi.Spec.Domain.Firmware
+	return fw != nil && fw.Bootloader != nil && fw.Bootloader.EFI != nil
 }

@@ -32,6 +32,9 @@ type DomainSpec struct {
 	Disks []Disk
 	// Extra is more QEMU arguments, as qemu:commandline (a test's trace events and packet dumps).
 	Extra []string
+	// EFI boots the guest with OVMF (a VMI's firmware.bootloader.efi with secureBoot false), not
+	// SeaBIOS.
+	EFI bool
 }
 
 // Disk is a disk of the VMI: its name, what backs it, and the double's file (Launch links it at
@@ -61,8 +64,12 @@ const (
 // namespace (Launch binds them to the member's files).
 const (
 	kubevirtPrivate = "/var/run/kubevirt-private"
-	emptyDisks      = "/var/run/libvirt/empty-disks"
-	cloudInitDir    = "/var/run/libvirt/cloud-init-dir"
+	// ovmfDir is where virt-launcher's image has OVMF; the NVRAM of a VMI with EFI is made from
+	// the VARS template under the launcher's libvirt directory.
+	ovmfDir      = "/usr/share/edk2/ovmf"
+	nvramDir     = "/var/run/kubevirt-private/libvirt/qemu/nvram"
+	emptyDisks   = "/var/run/libvirt/empty-disks"
+	cloudInitDir = "/var/run/libvirt/cloud-init-dir"
 )
 
 // image is where KubeVirt's launcher has the disk's image, and its format.
@@ -92,7 +99,9 @@ func Domain(s DomainSpec) *libvirtxml.Domain { return forThisMachine(KubeVirtDom
 // emptyDisk's qcow2 image, the NoCloud ISO), with KubeVirt's driver settings; the guest agent
 // channel; USB off, the virtio SCSI and serial controllers; VGA with a VNC socket; memballoon with
 // free page reporting; the console on a Unix socket with its log; SMBIOS from the firmware UUID;
-// ACPI, no vmport; the host's CPU model with the vCPUs as cores of one socket.
+// ACPI, no vmport; the host's CPU model with the vCPUs as cores of one socket. With EFI: OVMF's
+// code (the secure-boot build, as KubeVirt picks where it exists, with secure boot off), the
+// NVRAM made from its VARS template in the launcher's directory, and bochs video.
 func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 	var disks []libvirtxml.DomainDisk
 	for i, d := range s.Disks {
@@ -108,7 +117,7 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 	}
 	vcpus := uint(max(s.VCPUs, 1))
 	on := "on"
-	return &libvirtxml.Domain{
+	d := &libvirtxml.Domain{
 		Type: "kvm", Name: s.Name,
 		Memory: &libvirtxml.DomainMemory{Value: uint(s.VM.MemoryMB) << 20, Unit: "b"},
 		OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "q35", Type: "hvm"},
@@ -149,6 +158,13 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 		CPU:      &libvirtxml.DomainCPU{Mode: "host-model", Topology: &libvirtxml.DomainCPUTopology{Sockets: 1, Cores: int(vcpus), Threads: 1}},
 		VCPU:     &libvirtxml.DomainVCPU{Placement: "static", Value: vcpus},
 	}
+	if s.EFI {
+		_, vmi, _ := strings.Cut(s.Name, "_")
+		d.OS.Loader = &libvirtxml.DomainLoader{Path: filepath.Join(ovmfDir, "OVMF_CODE.secboot.fd"), Readonly: "yes", Secure: "no", Type: "pflash"}
+		d.OS.NVRam = &libvirtxml.DomainNVRam{Template: filepath.Join(ovmfDir, "OVMF_VARS.fd"), NVRam: filepath.Join(nvramDir, vmi+"_VARS.fd")}
+		d.Devices.Videos[0].Model = libvirtxml.DomainVideoModel{Type: "bochs", Heads: 1}
+	}
+	return d
 }
 
 // forThisMachine is everything the double changes in KubeVirt's domain, because this machine
@@ -160,10 +176,16 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 //   - the busybox counter guest, which has no boot loader, boots from its kernel and initramfs,
 //     with its address on the kernel command line (the Debian guest boots from its disk, as
 //     KubeVirt's domain has it, and takes its address from the NoCloud ISO);
+//   - with EFI, OVMF's code is OVMF_CODE.fd, not OVMF_CODE.secboot.fd: Debian's secure-boot build
+//     requires SMM with a secure flash, which libvirt sets up only for secure="yes", and under
+//     TCG it hung before the boot loader; the plain build is the same firmware without SMM;
 //   - the double's own QMP monitor, through which the tests read the VM, and the tests' trace
 //     and dump arguments are added to <qemu:commandline>.
 func forThisMachine(d *libvirtxml.Domain, s DomainSpec) *libvirtxml.Domain {
 	d.Type = "qemu"
+	if d.OS.Loader != nil {
+		d.OS.Loader.Path = filepath.Join(ovmfDir, "OVMF_CODE.fd")
+	}
 	d.CPU.Mode, d.CPU.Match, d.CPU.Check = "custom", "exact", "none"
 	d.CPU.Model = &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}
 	d.Devices.Emulator = s.Emulator

@@ -35,6 +35,13 @@ type Member struct {
 	Shares map[string]string
 }
 
+// LauncherShares are the host directories a launcher image would carry, at its paths: lockstep's
+// QEMU (hack/qemu.sh's directory) at /usr/local/lockstep, its OVMF where KubeVirt's image has
+// OVMF, and the test guest at /usr/local/lockstep-guest.
+func LauncherShares(qemu, guest string) map[string]string {
+	return map[string]string{"/usr/local/lockstep": qemu, ovmfDir: filepath.Join(qemu, "firmware", "ovmf"), "/usr/local/lockstep-guest": guest}
+}
+
 // inLauncher is path as the launcher sees it: under the share whose host directory holds it.
 func (m Member) inLauncher(path string) string {
 	for in, host := range m.Shares {
@@ -125,6 +132,15 @@ func giveToQEMU(d *Libvirtd, s DomainSpec) error {
 	}
 	if err := os.Chown(dir, QEMUUser.UID, QEMUUser.GID); err != nil {
 		return err
+	}
+	if s.EFI { // the launcher's directory where libvirt makes the NVRAM from OVMF's VARS template
+		nvram := d.HostPath(nvramDir)
+		if err := os.MkdirAll(nvram, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chown(nvram, QEMUUser.UID, QEMUUser.GID); err != nil {
+			return err
+		}
 	}
 	for path, target := range launcherFiles(s) {
 		f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o644) // the console's log may not exist yet

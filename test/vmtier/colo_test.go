@@ -37,6 +37,7 @@ func protectedPair(t *testing.T, nodes int, on stack) (*cluster, *client, *membe
 type guest struct {
 	debian bool
 	vcpus  int
+	efi    bool // OVMF, not SeaBIOS
 }
 
 var (
@@ -44,12 +45,14 @@ var (
 	// debian is the real guest in KubeVirt's domain, with two vCPUs as a template with
 	// cpu.cores 2 has them.
 	debian = guest{debian: true, vcpus: 2}
+	// debianEFI is the real guest booting with OVMF.
+	debianEFI = guest{debian: true, vcpus: 2, efi: true}
 )
 
 // protectedPairOf is protectedPair with the guest g.
 func protectedPairOf(t *testing.T, nodes int, on stack, g guest) (*cluster, *client, *member, *member) {
 	c := newCluster(t, nodes)
-	c.viaLibvirt, c.vcpus = bool(on), g.vcpus
+	c.viaLibvirt, c.vcpus, c.efi = bool(on), g.vcpus, g.efi
 	if g.debian {
 		c.debian = newDebianGuest(t)
 	}

@@ -22,7 +22,7 @@ import (
 // debianGuest is the real guest (hack/debian-guest.sh): Debian 12 booting from its own disk
 // (syslinux on the EFI system partition, for SeaBIOS and OVMF), systemd, cloud-init taking its
 // hostname, its user and its address from the NoCloud ISO that the launcher writes, sshd,
-// qemu-guest-agent, and the counter as a systemd service (counterd) that keeps its count on the
+// qemu-guest-agent, and the counter as a systemd service (lockstep-counter) that keeps its count on the
 // disk's partition labelled counter and fsyncs it before every reply, on IPv4 and IPv6.
 type debianGuest struct {
 	disk string // the image hack/debian-guest.sh built; each primary runs on a copy
@@ -80,7 +80,7 @@ func (g *debianGuest) cloudInit(t testing.TB, addr string) virtv1.Volume {
 	if err != nil {
 		t.Fatal(err)
 	}
-	user := fmt.Sprintf("#cloud-config\nusers:\n  - name: %s\n    shell: /bin/bash\n    ssh_authorized_keys:\n      - %s\n",
+	user := fmt.Sprintf("#cloud-config\nusers:\n  - name: %s\n    shell: /bin/bash\n    sudo: ALL=(ALL) NOPASSWD:ALL\n    ssh_authorized_keys:\n      - %s\n",
 		debianUser, strings.TrimSpace(string(pub)))
 	network := fmt.Sprintf("version: 2\nethernets:\n  eth0:\n    addresses: [%s/24]\n", addr)
 	return virtv1.Volume{Name: "cloudinit", VolumeSource: virtv1.VolumeSource{
@@ -191,7 +191,7 @@ func (c *cluster) checkRealGuest(p, s *member) {
 			t.Fatalf("%s has %d vCPUs (%v), want 2", m.name, len(cpus), err)
 		}
 	}
-	out, err := c.debian.ssh(c.client, c.vmAddr, "hostname; id -un; nproc; systemctl is-active counterd qemu-guest-agent; systemctl --failed --no-legend --plain | wc -l").CombinedOutput()
+	out, err := c.debian.ssh(c.client, c.vmAddr, "hostname; id -un; nproc; systemctl is-active lockstep-counter qemu-guest-agent; systemctl --failed --no-legend --plain | wc -l").CombinedOutput()
 	want := fmt.Sprintf("%s\n%s\n2\nactive\nactive\n0\n", debianHostname, debianUser)
 	if err != nil || string(out) != want {
 		t.Fatalf("in the guest: %v\n%s\nwant:\n%s", err, out, want)

@@ -65,7 +65,7 @@ func (c *cluster) launchLibvirt(m *member) {
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: vmi,
 		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: firmwareUUID, VMIUID: m.spec.UID, VCPUs: c.vcpus,
-			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm, Disks: disks, Extra: extra},
+			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm, Disks: disks, Extra: extra, EFI: c.efi},
 		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBinary(), RunDir: c.runDir, Log: m.dir,
 		Paused: !m.spec.Primary, Shares: c.launcherShares(),
 	})
@@ -78,9 +78,10 @@ func (c *cluster) launchLibvirt(m *member) {
 	go func() { <-l.Exited; close(m.exited) }()
 }
 
-// launcherShares are lockstep's QEMU and the test guest where a launcher image would carry them.
+// launcherShares are lockstep's QEMU, OVMF and the test guest where a launcher image would carry
+// them.
 func (c *cluster) launcherShares() map[string]string {
-	return map[string]string{"/usr/local/lockstep": c.qemu, "/usr/local/lockstep-guest": c.guest}
+	return virtlauncher.LauncherShares(c.qemu, c.guest)
 }
 
 // hookBinary is the built cmd/lockstep-kubevirt-hook, built once for the cluster.
@@ -185,8 +186,9 @@ func TestLibvirtFailoverOnLossOfThePrimaryNode(t *testing.T) {
 	failedOver(t, c, cl, p, s, lost, "loss of the primary's node (the real guest, over IPv6)")
 }
 
-// TestLibvirtPartitionLetsOneSideServe: the real guest; the primary's logging link is cut.
-func TestLibvirtPartitionLetsOneSideServe(t *testing.T) { partition(t, viaLibvirt, debian) }
+// TestLibvirtPartitionLetsOneSideServe: the real guest booting with OVMF (KubeVirt's EFI domain);
+// the primary's logging link is cut.
+func TestLibvirtPartitionLetsOneSideServe(t *testing.T) { partition(t, viaLibvirt, debianEFI) }
 
 func TestLibvirtReprotectionSurvivesASecondFailure(t *testing.T) { reprotection(t, viaLibvirt) }
 func TestLibvirtGoLiveSurvivesALockstepdCrash(t *testing.T) {

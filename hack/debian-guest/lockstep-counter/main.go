@@ -1,4 +1,4 @@
-// Command counterd is the counter of lockstep's Debian test guest (hack/debian-guest.sh), a
+// Command lockstep-counter is the counter of lockstep's Debian test guest (hack/debian-guest.sh), a
 // systemd service. It speaks the busybox guest's protocol (hack/guest/init, test/counter): each
 // request (one line) increments the count, writes "count=N" to sector 0 of the data partition,
 // flushes it to the disk, and only then replies "count=N bootid=ID disk=<sector 0>". It listens on
@@ -22,7 +22,7 @@ import (
 
 const sector = 512
 
-type counter struct {
+type service struct {
 	mu     sync.Mutex
 	data   *os.File
 	count  int
@@ -42,10 +42,15 @@ func main() {
 		log.Fatal(err)
 	}
 	log.Printf("serving the counter on %s from %d, boot id %s", l.Addr(), c.count, c.bootID)
+	log.Fatal(c.serveAll(l))
+}
+
+// serveAll serves each connection of l.
+func (c *service) serveAll(l net.Listener) error {
 	for {
 		conn, err := l.Accept()
 		if err != nil {
-			log.Fatal(err)
+			return err
 		}
 		go c.serve(conn)
 	}
@@ -53,7 +58,7 @@ func main() {
 
 // open opens the data partition, waiting for it: the service may start before udev has made the
 // partition's link.
-func open(path string) (*counter, error) {
+func open(path string) (*service, error) {
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return nil, err
@@ -68,7 +73,7 @@ func open(path string) (*counter, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &counter{data: f, bootID: strings.TrimSpace(string(boot))}
+	c := &service{data: f, bootID: strings.TrimSpace(string(boot))}
 	held, err := c.read()
 	if err != nil {
 		return nil, err
@@ -80,7 +85,7 @@ func open(path string) (*counter, error) {
 }
 
 // read is the first line of sector 0.
-func (c *counter) read() (string, error) {
+func (c *service) read() (string, error) {
 	b := make([]byte, sector)
 	if _, err := c.data.ReadAt(b, 0); err != nil {
 		return "", err
@@ -89,7 +94,7 @@ func (c *counter) read() (string, error) {
 	return string(bytes.TrimRight(line, "\x00")), nil
 }
 
-func (c *counter) serve(conn net.Conn) {
+func (c *service) serve(conn net.Conn) {
 	defer func() { _ = conn.Close() }()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
 	if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil {
@@ -104,7 +109,7 @@ func (c *counter) serve(conn net.Conn) {
 }
 
 // next counts one request: the write reaches the disk before the reply is made.
-func (c *counter) next() (string, error) {
+func (c *service) next() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.count + 1
