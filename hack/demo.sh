@@ -156,4 +156,4 @@ bold "timeline (milliseconds after $primary_node's host died)"
 sort -n "$timeline"
 rm -f "$timeline"
 echo
-echo "the client: $(replies) replies, none lost, the boot id unchanged; now at $(cut -d' ' -f3 <<<"$last"), $(grep -c unanswered "$CLIENT_LOG" || true) requests unanswered during the failover"
+echo "the client: $(replies) replies, none lost, the boot id unchanged; now at $(cut -d' ' -f3 <<<"$last"), $(awk -v k="$kill_ms" '$1 >= k && $2 == "unanswered"' "$CLIENT_LOG" | wc -l) requests unanswered after the kill"
