@@ -48,7 +48,8 @@ host_tools() {
   }
 }
 
-# in_root runs a command in the tree, with the kernel's file systems that package scripts use.
+# in_root runs a command in the tree (chroot, nothing mounted: the packages' scripts need no
+# /proc or /dev here).
 in_root() {
   DEBIAN_FRONTEND=noninteractive LC_ALL=C chroot "$tree" "$@"
 }
@@ -126,7 +127,8 @@ EOF
 }
 
 host_tools
-[ -f "$OUT/disk.img" ] || build
+# Everything the build prints goes to stderr: stdout is the directory alone.
+[ -f "$OUT/disk.img" ] || build >&2
 mkdir -p "$ROOT/bin"
 ln -sfn "$OUT" "$ROOT/bin/debian-guest"
 echo "$OUT"

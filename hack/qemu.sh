@@ -90,6 +90,14 @@ if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
   ninja install >&2
   cd / && rm -rf "$work"
 fi
+# unpack_debs DIR PKG=VERSION...: Debian's packages, downloaded and unpacked into DIR/x.
+unpack_debs() {
+  local dir="$1"
+  shift
+  chmod 777 "$dir" # apt-get download writes as _apt when it can
+  (cd "$dir" && { apt-get download "$@" >&2 || { apt-get update >&2 && apt-get download "$@" >&2; }; })
+  for deb in "$dir"/*.deb; do dpkg-deb -x "$deb" "$dir/x"; done
+}
 # Firmware: the dfsg source carries no prebuilt ROMs, so take Debian's (SeaBIOS, and the option
 # ROMs of qemu-system-data such as linuxboot_dma.bin for -kernel). Run QEMU with
 # -L $PREFIX/firmware/qemu -L $PREFIX/firmware/seabios.
@@ -99,9 +107,7 @@ SEABIOS_VERSION="${SEABIOS_VERSION:-1.16.2-1}"
 QEMU_DATA_VERSION="${QEMU_DATA_VERSION:-1:7.2+dfsg-7+deb12u18}"
 if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
   fw="$(mktemp -d)"
-  chmod 777 "$fw"
-  (cd "$fw" && apt-get download "seabios=$SEABIOS_VERSION" "qemu-system-data=$QEMU_DATA_VERSION" >&2)
-  for deb in "$fw"/*.deb; do dpkg-deb -x "$deb" "$fw/x"; done
+  unpack_debs "$fw" "seabios=$SEABIOS_VERSION" "qemu-system-data=$QEMU_DATA_VERSION"
   mkdir -p "$PREFIX/firmware"
   rm -rf "$PREFIX/firmware/seabios" "$PREFIX/firmware/qemu"
   cp -rL "$fw/x/usr/share/seabios" "$PREFIX/firmware/seabios"
@@ -114,9 +120,8 @@ fi
 OVMF_VERSION="${OVMF_VERSION:-2022.11-6+deb12u2}"
 if [ ! -f "$PREFIX/firmware/ovmf/OVMF_CODE.secboot.fd" ]; then
   fw="$(mktemp -d)"
-  chmod 777 "$fw"
-  (cd "$fw" && { apt-get download "ovmf=$OVMF_VERSION" >&2 || { apt-get update >&2 && apt-get download "ovmf=$OVMF_VERSION" >&2; }; })
-  dpkg-deb -x "$fw"/ovmf_*.deb "$fw/x"
+  unpack_debs "$fw" "ovmf=$OVMF_VERSION"
+  mkdir -p "$PREFIX/firmware"
   rm -rf "$PREFIX/firmware/ovmf"
   cp -rL "$fw/x/usr/share/OVMF" "$PREFIX/firmware/ovmf"
   rm -rf "$fw"

@@ -84,14 +84,18 @@ done) >/dev/null 2>&1 &`
 	c.waitState(p, failover.Fenced, 10*time.Second)
 }
 
-// nicDisabled is the virtio "disabled" flag of m's NIC (the libvirt stack's NIC is ua-default).
+// libvirtNIC is the QOM path of the virtio device of the member's NIC on the libvirt stack (the
+// NIC of alias ua-default).
+const libvirtNIC = "/machine/peripheral/ua-default/virtio-backend"
+
+// nicDisabled is the virtio "disabled" flag of m's NIC (on the libvirt stack).
 func nicDisabled(t testing.TB, m *member) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var st struct {
 		Disabled bool `json:"disabled"`
 	}
-	if err := m.launcher.Execute(ctx, "x-query-virtio-status", map[string]any{"path": "/machine/peripheral/ua-default/virtio-backend"}, &st); err != nil {
+	if err := m.launcher.Execute(ctx, "x-query-virtio-status", map[string]any{"path": libvirtNIC}, &st); err != nil {
 		t.Fatalf("%s: %v", m.name, err)
 	}
 	return st.Disabled

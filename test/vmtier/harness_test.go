@@ -479,20 +479,14 @@ func (c *cluster) dump() {
 			err := m.launcher.Execute(ctx, cmd, nil, &out)
 			c.t.Logf("%s %s: %v %v", m.name, cmd, out, err)
 		}
-		for _, hmp := range []string{"info network"} {
-			var out string
-			err := m.launcher.Execute(ctx, "human-monitor-command", map[string]any{"command-line": hmp}, &out)
-			c.t.Logf("%s %s: %v\n%s", m.name, hmp, err, out)
-		}
-		// The NIC's virtio state (the libvirt stack's NIC is ua-default): a device or queue that
-		// stalled shows here.
-		nic := "/machine/peripheral/ua-default/virtio-backend"
+		// The NIC's virtio state (on the libvirt stack): a disabled device or a stalled queue
+		// shows here.
 		var status any
-		err := m.launcher.Execute(ctx, "x-query-virtio-status", map[string]any{"path": nic}, &status)
+		err := m.launcher.Execute(ctx, "x-query-virtio-status", map[string]any{"path": libvirtNIC}, &status)
 		c.t.Logf("%s virtio status: %v %v", m.name, status, err)
 		for q := range 2 {
 			var out any
-			err := m.launcher.Execute(ctx, "x-query-virtio-queue-status", map[string]any{"path": nic, "queue": q}, &out)
+			err := m.launcher.Execute(ctx, "x-query-virtio-queue-status", map[string]any{"path": libvirtNIC, "queue": q}, &out)
 			c.t.Logf("%s virtio queue %d: %v %v", m.name, q, out, err)
 		}
 		cancel()
