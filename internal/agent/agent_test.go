@@ -304,6 +304,36 @@ func TestSideWhoseVMDiesFencesItselfAndTheSecondaryTakesOver(t *testing.T) {
 	}
 }
 
+// exiting is an engine whose VM can exit while it is a secondary (engine.Watcher).
+type exiting struct {
+	*vmdouble.Counter
+	exited chan struct{}
+}
+
+func (e *exiting) Exited() <-chan struct{} { return e.exited }
+
+// TestSecondaryWhoseVMDiesFencesItselfAndThePrimaryGoesOnAlone: the secondary's VM dies while its
+// lockstepd lives (the kernel killed its QEMU under the launcher's memory limit). Its channel
+// would go on acknowledging the log with nothing behind it; it fences itself instead, and the
+// primary, which stops hearing it, wins the record and goes on alone.
+func TestSecondaryWhoseVMDiesFencesItselfAndThePrimaryGoesOnAlone(t *testing.T) {
+	p := newPair(t)
+	exited := make(chan struct{})
+	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"b": func(c *vmdouble.Counter) engine.Engine {
+		return &exiting{Counter: c, exited: exited}
+	}}
+	p.protect(t)
+	close(exited)
+	waitState(t, p.b, failover.Fenced)
+	waitState(t, p.a, failover.Alone)
+	if msg := p.b.agent.Status().Message; !strings.Contains(msg, "VM exited") {
+		t.Fatalf("the fenced secondary's message %q does not say why", msg)
+	}
+	if st := p.a.agent.Status(); st.Failovers != 0 {
+		t.Fatalf("the primary went on alone with %d failovers, want none (it never stopped running the VM)", st.Failovers)
+	}
+}
+
 // TestPrimaryNeverTakesARecordThatNamesAnotherMember: a primary whose lockstepd starts after the
 // pair's record moved to another member (its secondary went live while this lockstepd was away)
 // must not claim the next epoch: it is fenced, runs nothing, and the record stays where it is.

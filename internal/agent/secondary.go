@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/channel"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
@@ -27,6 +28,28 @@ func (a *Agent) startSecondary(ctx context.Context) {
 		})
 	}
 	a.mux.Register(a.cfg.Pair, a.sec)
+	if w, ok := a.vm.(engine.Watcher); ok {
+		go a.watchVM(ctx, w.Exited())
+	}
+}
+
+// watchVM fences the side once its VM is gone. A secondary's log channel would otherwise go on
+// acknowledging the primary's entries with no VM behind them, and a COLO primary would hold the
+// VM's output for good, waiting on checkpoints that no one loads. (A side that runs the VM learns
+// it from the engine's Run, which fences it the same way.)
+func (a *Agent) watchVM(ctx context.Context, exited <-chan struct{}) {
+	if exited == nil {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-exited:
+		a.post(ctx, func() {
+			if a.State() != failover.Fenced && ctx.Err() == nil {
+				a.fence("the member's VM exited")
+			}
+		})
+	}
 }
 
 // apply applies an entry on the secondary; the first one makes it synchronized.

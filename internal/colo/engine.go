@@ -162,6 +162,14 @@ func (e *Engine) Apply(le ftlog.Entry) error {
 	return WaitMode(ctx, q, "secondary")
 }
 
+// Exited implements engine.Watcher: QEMU's monitor closes when QEMU exits.
+func (e *Engine) Exited() <-chan struct{} {
+	if q := e.conn(); q != nil {
+		return q.Done()
+	}
+	return nil
+}
+
 // Resync implements engine.Engine: protect the VM with the agent's new secondary.
 func (e *Engine) Resync() {
 	e.mu.Lock()

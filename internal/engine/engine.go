@@ -72,6 +72,14 @@ type Detacher interface {
 	Detach()
 }
 
+// Watcher is an Engine whose VM can die while the agent follows the log as a secondary (a QEMU
+// that the kernel killed for its memory, or that crashed): Exited is closed once the VM is gone
+// (nil: not attached yet). A secondary without its VM holds nothing to go live with; the agent
+// fences it, so that its primary stops waiting on it and goes on alone.
+type Watcher interface {
+	Exited() <-chan struct{}
+}
+
 // PeerSetter is an Engine that reaches the other member's node itself (QEMU COLO's streams): the
 // agent gives it the peer whenever the daemon finds it.
 type PeerSetter interface {

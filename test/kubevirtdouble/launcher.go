@@ -2,12 +2,10 @@ package kubevirtdouble
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -20,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
 
 // Launcher is the local-cluster double of virt-controller's pod handling (and of the phase
@@ -45,9 +44,6 @@ type Launcher struct {
 	// stack), and a member's phase follows its domain rather than its pod.
 	Domains *Domains
 }
-
-// LauncherMemoryOverhead stands in for KubeVirt's per-VMI memory overhead (virt-launcher, QEMU).
-var LauncherMemoryOverhead = resource.MustParse("200Mi")
 
 // Labels of launcher pods, as KubeVirt sets them.
 const (
@@ -112,28 +108,24 @@ func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInst
 }
 
 // LauncherPod builds the launcher-like pod of a VMI: what the scheduler needs to decide as it
-// would for KubeVirt's virt-launcher.
+// would for KubeVirt's virt-launcher, its compute container's memory sized as KubeVirt sizes it
+// (virtlauncher.LauncherMemory: the VMI's request and limit, each plus KubeVirt's overhead).
 func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod, error) {
+	memRequest, memLimit, err := virtlauncher.LauncherMemory(vmi)
+	if err != nil {
+		return nil, err
+	}
 	requests := corev1.ResourceList{}
 	for k, v := range vmi.Spec.Domain.Resources.Requests {
 		requests[k] = v.DeepCopy()
 	}
-	mem, ok := requests[corev1.ResourceMemory]
-	if !ok {
-		if vmi.Spec.Domain.Memory == nil || vmi.Spec.Domain.Memory.Guest == nil {
-			return nil, fmt.Errorf("VMI %s sets neither memory requests nor guest memory", vmi.Name)
-		}
-		mem = vmi.Spec.Domain.Memory.Guest.DeepCopy()
-	}
-	mem.Add(LauncherMemoryOverhead)
-	requests[corev1.ResourceMemory] = mem
+	requests[corev1.ResourceMemory] = memRequest
 	limits := corev1.ResourceList{}
 	for k, v := range vmi.Spec.Domain.Resources.Limits {
 		limits[k] = v.DeepCopy()
 	}
-	if l, ok := limits[corev1.ResourceMemory]; ok {
-		l.Add(LauncherMemoryOverhead)
-		limits[corev1.ResourceMemory] = l
+	if !memLimit.IsZero() {
+		limits[corev1.ResourceMemory] = memLimit
 	}
 	labels := map[string]string{}
 	for k, v := range vmi.Labels {

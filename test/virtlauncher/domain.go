@@ -171,6 +171,8 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 // cannot run it as it is (docs/kubevirt.md, "What the double's launcher changes", lists the same):
 //   - the domain type is qemu: there is no usable KVM here, and QEMU runs under TCG;
 //   - the CPU is a named model (qemu64), not host-model, which TCG cannot offer;
+//   - TCG's translation cache, which KVM does not have, is capped at tcgCacheMiB, which the
+//     launcher's memory cgroup adds to KubeVirt's limit;
 //   - lockstep's QEMU is the emulator, and its firmware directories (SeaBIOS, the VGA and option
 //     ROMs) are given with -L, as a launcher image that carries it would install them;
 //   - the busybox counter guest, which has no boot loader, boots from its kernel and initramfs,
@@ -188,6 +190,7 @@ func forThisMachine(d *libvirtxml.Domain, s DomainSpec) *libvirtxml.Domain {
 	}
 	d.CPU.Mode, d.CPU.Match, d.CPU.Check = "custom", "exact", "none"
 	d.CPU.Model = &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}
+	d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: tcgCacheMiB}}
 	d.Devices.Emulator = s.Emulator
 	d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline = s.VM.Kernel, s.VM.Initrd, s.VM.Append
 	var extra []string

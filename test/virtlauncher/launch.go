@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -57,6 +58,9 @@ type Launched struct {
 	Libvirtd *Libvirtd
 	Hook     *Hook
 	Domain   string
+	// Cgroup is the compute container's memory cgroup, with the limit KubeVirt gives it (nil
+	// where the VMI has no memory limit, or the machine no memory cgroup: see ErrNoMemoryCgroup).
+	Cgroup *MemoryCgroup
 	// PID is QEMU's; Exited closes when it is gone.
 	PID    int
 	Exited chan struct{}
@@ -72,6 +76,7 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 	defer func() {
 		if err != nil {
 			l.Stop()
+			l.RemoveCgroup()
 		}
 	}()
 	if l.Hook, err = StartHook(m.HookBin, m.StateDir, m.RunDir, filepath.Join(m.Log, "hook.log")); err != nil {
@@ -88,7 +93,10 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.Libvirtd, err = StartLibvirtd(filepath.Join(m.StateDir, "lv"), m.NetNS, m.Shares); err != nil {
+	if l.Cgroup, err = launcherCgroup(m); err != nil {
+		return nil, err
+	}
+	if l.Libvirtd, err = StartLibvirtd(filepath.Join(m.StateDir, "lv"), m.NetNS, m.Shares, l.Cgroup); err != nil {
 		return nil, err
 	}
 	if err := giveToQEMU(l.Libvirtd, m.Domain); err != nil {
@@ -119,6 +127,34 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 	}()
 	return l, nil
 }
+
+// tcgCacheMiB caps TCG's translation cache (forThisMachine): QEMU under KVM has none, and KubeVirt's
+// overhead does not count one, so the double adds it to the launcher's limit. Its default, an
+// eighth of the host's memory up to 1 GiB, grows as the guest runs new code.
+const tcgCacheMiB = 256
+
+// notRunMiB is KubeVirt's allowance for the launcher's processes that the double does not run
+// (virt-launcher-monitor 25 MiB, virt-launcher 100 MiB, virtlogd 25 MiB): taken off the limit, so
+// that what the double runs (libvirt's daemon and QEMU) has no more room than in KubeVirt's pod.
+const notRunMiB = 25 + 100 + 25
+
+// launcherCgroup is the memory cgroup of the member's compute container, with KubeVirt's limit
+// for its VMI (LauncherMemory), less what the double does not run, plus the TCG cache: nil where
+// the VMI has no memory limit (kubelet sets none), and nil, with nothing enforced, where this
+// machine has no memory cgroup.
+func launcherCgroup(m Member) (*MemoryCgroup, error) {
+	_, limit, err := LauncherMemory(m.VMI)
+	if err != nil || limit.IsZero() {
+		return nil, err
+	}
+	c, err := NewMemoryCgroup("lockstep-launcher-"+m.Domain.Name+"-"+short(m.Domain.VMIUID), limit.Value()+(tcgCacheMiB-notRunMiB)<<20)
+	if errors.Is(err, ErrNoMemoryCgroup) {
+		return nil, nil
+	}
+	return c, err
+}
+
+func short(s string) string { return s[:min(len(s), 8)] }
 
 // giveToQEMU lays the member's files out as KubeVirt's launcher has them for QEMUUser: its
 // directory of sockets (VNC, console) in kubevirt-private, and each file QEMU opens that libvirt
@@ -177,6 +213,7 @@ func (l *Launched) Destroy() {
 		}
 	}
 	l.Stop()
+	l.RemoveCgroup()
 }
 
 // Kill is the host dying under the domain: QEMU, the daemon and the hook are killed (SIGKILL).
@@ -186,6 +223,14 @@ func (l *Launched) Kill() {
 		<-l.Exited
 	}
 	l.Stop()
+	l.RemoveCgroup()
+}
+
+// RemoveCgroup removes the launcher's memory cgroup, once QEMU is gone.
+func (l *Launched) RemoveCgroup() {
+	if l.Cgroup != nil {
+		l.Cgroup.Remove()
+	}
 }
 
 // Stop ends the daemon and the hook; the domain's QEMU runs on.

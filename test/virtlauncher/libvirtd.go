@@ -29,6 +29,9 @@ type Libvirtd struct {
 	// which the launcher image would carry. QEMU runs as QEMUUser, who cannot reach them where
 	// they are (under /root).
 	Shares map[string]string
+	// Cgroup, when set, is the launcher's memory cgroup: the daemon starts in it, and the QEMU it
+	// starts stays there (libvirt's own cgroups are off, as in KubeVirt's launcher).
+	Cgroup *MemoryCgroup
 	cmd    *exec.Cmd
 	done   chan struct{}
 }
@@ -70,8 +73,8 @@ var QEMUUser = relay.Owner{UID: 107, GID: 107}
 
 // StartLibvirtd configures a daemon in dir (short: its socket's path must stay under 108 bytes)
 // and starts it in the network namespace netns, with shares bound in its mount namespace.
-func StartLibvirtd(dir, netns string, shares map[string]string) (*Libvirtd, error) {
-	d := &Libvirtd{Dir: dir, NetNS: netns, Sock: filepath.Join(dir, "run", "libvirt-sock"), Shares: shares}
+func StartLibvirtd(dir, netns string, shares map[string]string, cgroup *MemoryCgroup) (*Libvirtd, error) {
+	d := &Libvirtd{Dir: dir, NetNS: netns, Sock: filepath.Join(dir, "run", "libvirt-sock"), Shares: shares, Cgroup: cgroup}
 	for sub, path := range libvirtPaths {
 		// As a libvirt install has them: QEMUUser passes through to the daemon's per-driver
 		// directories, which the daemon gives it; kubevirt-private is an emptyDir of the launcher
@@ -154,8 +157,12 @@ func (d *Libvirtd) Start() error {
 	}
 	binds = append(binds, fmt.Sprintf("mkdir %s/pts && mount --bind /dev/pts %s/pts && mount --move %s /dev", dev, dev, dev))
 	_ = os.Remove(d.Sock)
-	d.cmd = exec.Command("taskset", "-c", "0", "ip", "netns", "exec", d.NetNS, "sh", "-c",
-		strings.Join(binds, " && ")+" && exec /usr/sbin/libvirtd -f "+filepath.Join(d.Dir, "etc", "libvirtd.conf")+" -p "+filepath.Join(d.Dir, "run", "libvirtd.pid"))
+	args := []string{"taskset", "-c", "0", "ip", "netns", "exec", d.NetNS, "sh", "-c",
+		strings.Join(binds, " && ") + " && exec /usr/sbin/libvirtd -f " + filepath.Join(d.Dir, "etc", "libvirtd.conf") + " -p " + filepath.Join(d.Dir, "run", "libvirtd.pid")}
+	if d.Cgroup != nil { // entered before ip netns exec, which mounts a /sys of the namespace's without the cgroups
+		args = append([]string{"sh", "-c", `echo $$ >"$0" && exec "$@"`, d.Cgroup.Procs()}, args...)
+	}
+	d.cmd = exec.Command(args[0], args[1:]...)
 	logf, err := os.OpenFile(filepath.Join(d.Dir, "log", "libvirtd.stdout"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err

@@ -49,10 +49,13 @@ var (
 	debianEFI = guest{debian: true, vcpus: 2, efi: true}
 )
 
-// protectedPairOf is protectedPair with the guest g.
-func protectedPairOf(t *testing.T, nodes int, on stack, g guest) (*cluster, *client, *member, *member) {
+// protectedPairOf is protectedPair with the guest g, and the cluster set up by setup.
+func protectedPairOf(t *testing.T, nodes int, on stack, g guest, setup ...func(*cluster)) (*cluster, *client, *member, *member) {
 	c := newCluster(t, nodes)
 	c.viaLibvirt, c.vcpus, c.efi = bool(on), g.vcpus, g.efi
+	for _, f := range setup {
+		f(c)
+	}
 	if g.debian {
 		c.debian = newDebianGuest(t)
 	}

@@ -88,14 +88,17 @@ type cluster struct {
 	vcpus       int  // the guest's vCPUs on the libvirt stack (0: 1)
 	// debian: the VM runs the Debian guest (hack/debian-guest.sh, on the libvirt stack), not the
 	// busybox counter guest.
-	debian        *debianGuest
-	efi           bool // the guest boots with OVMF (on the libvirt stack), not SeaBIOS
-	hookBin       string
-	members       []*member
-	mu            sync.Mutex
-	checkpoints   []colo.Checkpoint
-	memberCounter int
-	attachedAt    time.Time // when the VM's network last moved to a node
+	debian *debianGuest
+	efi    bool // the guest boots with OVMF (on the libvirt stack), not SeaBIOS
+	// secondaryWithoutRAMCache reserves a secondary's memory as a primary's, without its RAM
+	// cache (on the libvirt stack): what KubeVirt then gives its launcher.
+	secondaryWithoutRAMCache bool
+	hookBin                  string
+	members                  []*member
+	mu                       sync.Mutex
+	checkpoints              []colo.Checkpoint
+	memberCounter            int
+	attachedAt               time.Time // when the VM's network last moved to a node
 	// trace: QEMU trace patterns every member runs with (besides VMTIER_TRACE's).
 	trace []string
 }
@@ -116,21 +119,25 @@ func (n *node) streamAddr() string { return n.addr + ":7001" }
 // member is one side of the pair: the QEMU the test launched as a launcher would, and lockstepd's
 // member (engine and agent) attached to it.
 type member struct {
-	name     string
-	node     *node
-	spec     lockstepd.MemberSpec
-	run      *lockstepd.Member
-	engine   *colo.Engine
-	agent    *agent.Agent
-	vm       colo.VM
-	dir      string
-	qemuLog  string                 // the QEMU's output (and its trace events)
-	qemu     *exec.Cmd              // the QEMU process when the test launched it directly
-	pid      int                    // the QEMU's pid, however launched
-	lv       *virtlauncher.Libvirtd // the member's libvirt daemon, when launched through libvirt
-	exited   chan struct{}
-	launcher *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
-	cancel   context.CancelFunc
+	name    string
+	node    *node
+	spec    lockstepd.MemberSpec
+	run     *lockstepd.Member
+	engine  *colo.Engine
+	agent   *agent.Agent
+	vm      colo.VM
+	dir     string
+	qemuLog string                 // the QEMU's output (and its trace events)
+	qemu    *exec.Cmd              // the QEMU process when the test launched it directly
+	pid     int                    // the QEMU's pid, however launched
+	lv      *virtlauncher.Libvirtd // the member's libvirt daemon, when launched through libvirt
+	// cgroup is the memory cgroup of the member's launcher, when launched through libvirt;
+	// oomExpected, that the test expects the kernel to kill its QEMU there.
+	cgroup      *virtlauncher.MemoryCgroup
+	oomExpected bool
+	exited      chan struct{}
+	launcher    *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
+	cancel      context.CancelFunc
 }
 
 func newCluster(t testing.TB, nodes int) *cluster { return newClusterOf(t, nodes, true) }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -21,6 +24,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/failover"
+	ftmember "github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
 
@@ -72,8 +76,17 @@ func (c *cluster) launchLibvirt(m *member) {
 	if err != nil {
 		t.Fatalf("%s: %v", m.name, err)
 	}
-	t.Cleanup(l.Stop) // the daemon and the hook that run then, after any restart
-	m.lv, m.pid = l.Libvirtd, l.PID
+	if l.Cgroup == nil {
+		t.Fatalf("%s: the launcher has no memory cgroup (%v): the libvirt stack runs each member under its launcher's memory limit", m.name, virtlauncher.ErrNoMemoryCgroup)
+	}
+	// After the test (its QEMU was killed before): nothing the launcher ran was killed for its
+	// memory, unless the test expects it; the daemon and the hook that run then end.
+	t.Cleanup(func() {
+		c.checkLauncherMemory(m, l.Cgroup)
+		l.Stop()
+		l.RemoveCgroup()
+	})
+	m.lv, m.pid, m.cgroup = l.Libvirtd, l.PID, l.Cgroup
 	m.qemuLog = filepath.Join(l.Libvirtd.Dir, "log", "qemu", domainName(m)+".log") // QEMU's output, as libvirt keeps it
 	go func() { <-l.Exited; close(m.exited) }()
 }
@@ -101,28 +114,61 @@ func (c *cluster) hookBinary() string {
 // from the template): their SMBIOS UUID, and their cloud-init instance-id.
 const firmwareUUID = "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a"
 
-// launcherVMI is the member's VMI as virt-launcher sends it to the hook: the pair and role labels
-// and the UID that names its directory, its firmware UUID, and its disks (with the Debian guest,
-// its cloudInitNoCloud volume after the root disk).
+// launcherVMI is the member's VMI as virt-launcher has it: built by the operator's own code
+// (ftmember.Build, with COLO) from the pair's template, then given the member's name and the UID
+// that names its directory. The template is the test's VM: its firmware UUID, the guest's memory
+// and vCPUs, the root disk on a claim and (with the Debian guest) its cloudInitNoCloud volume, so
+// that the VMI carries the reservations the operator gives a member of its role (a secondary's
+// RAM cache among them), which the launcher's memory cgroup enforces.
 func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
+	t := c.t
 	role := ftv1.RoleSecondary
 	if m.spec.Primary {
 		role = ftv1.RolePrimary
 	}
 	ns, pair, _ := strings.Cut(m.spec.Pair, "/")
-	vmi := &virtv1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.name, UID: types.UID(m.spec.UID), Labels: map[string]string{ftv1.LabelPair: pair, ftv1.LabelRole: role},
-			Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}}, // as the operator names it
-		Spec: virtv1.VirtualMachineInstanceSpec{Hostname: debianHostname, Domain: virtv1.DomainSpec{
-			Firmware: &virtv1.Firmware{UUID: types.UID(firmwareUUID)},
-			Devices:  virtv1.Devices{Disks: []virtv1.Disk{{Name: "rootdisk"}}}}},
-	}
+	guest := resource.MustParse(fmt.Sprintf("%dMi", m.vm.MemoryMB))
+	tmpl := ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Hostname: debianHostname, Domain: virtv1.DomainSpec{
+		Firmware: &virtv1.Firmware{UUID: types.UID(firmwareUUID)},
+		CPU:      &virtv1.CPU{Cores: uint32(max(c.vcpus, 1))},
+		Memory:   &virtv1.Memory{Guest: &guest},
+		Devices:  virtv1.Devices{Disks: []virtv1.Disk{{Name: "rootdisk"}}}},
+		Volumes: []virtv1.Volume{{Name: "rootdisk", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-root"}}}}},
+	}}
 	if c.debian != nil {
-		vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, virtv1.Disk{Name: "cloudinit"})
-		vmi.Spec.Volumes = append(vmi.Spec.Volumes, c.debian.cloudInit(c.t, c.vmAddr))
+		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: "cloudinit"})
+		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, c.debian.cloudInit(t, c.vmAddr))
 	}
-	vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, virtv1.Disk{Name: ftv1.DiskColoActive}, virtv1.Disk{Name: ftv1.DiskColoHidden})
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pair, UID: "3b0c5a8e-vmtier"}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
+	vmi, err := ftmember.Build(ftvm, ftmember.Normalize(ftvm.UID, tmpl), ftmember.Member{Role: role, Node: m.node.name,
+		Claims: map[string]string{"rootdisk": m.name + "-root"}, DiskSizes: map[string]resource.Quantity{"rootdisk": resource.MustParse("1Gi")}, Since: time.Now()},
+		ftmember.Options{COLO: ftmember.COLO{Enabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi.Name, vmi.UID = m.name, types.UID(m.spec.UID)
+	if !m.spec.Primary && c.secondaryWithoutRAMCache { // as lockstep reserved a secondary before it counted the cache
+		res := &vmi.Spec.Domain.Resources
+		res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory] = guest.DeepCopy(), guest.DeepCopy()
+	}
 	return vmi
+}
+
+// checkLauncherMemory fails the test if the kernel killed a process of m's launcher (its daemon
+// or QEMU) for going over the launcher's memory limit, unless the test expects m's to be; and
+// logs the most the launcher held, against its limit.
+func (c *cluster) checkLauncherMemory(m *member, cg *virtlauncher.MemoryCgroup) {
+	kills, err := cg.OOMKills()
+	peak, _ := cg.Peak()
+	switch {
+	case err != nil:
+		c.t.Errorf("%s's launcher: %v", m.name, err)
+	case kills > 0 && !m.oomExpected:
+		c.t.Errorf("%s's launcher: the kernel killed %d of its processes for going over its memory limit (%d MiB; the most it held: %d MiB)", m.name, kills, cg.Limit>>20, peak>>20)
+	default:
+		c.t.Logf("%s's launcher held at most %d MiB of its %d MiB limit", m.name, peak>>20, cg.Limit>>20)
+	}
 }
 
 // virsh runs virsh against the member's daemon and fails the test on an error.
@@ -161,12 +207,68 @@ func TestLibvirtFailoverOnKillOfThePrimaryQEMU(t *testing.T) {
 			before.CheckpointsOnMismatch, after.CheckpointsOnMismatch, after.CheckpointCausesKnown)
 	}
 	t.Logf("the ssh session: %d lines, %d checkpoints on a mismatch", sess.linesSince(started), after.CheckpointsOnMismatch-before.CheckpointsOnMismatch)
+	// The guest fills its memory: the secondary then holds it twice (its RAM and its RAM cache),
+	// within the limit KubeVirt gives the launcher of a secondary as lockstep reserves it.
+	t.Logf("the guest filled %d MiB of its memory: %s", fillMiB, c.debian.fillMemory(t, c.client, c.vmAddr, fillMiB))
+	c.waitCheckpoints(2, time.Minute)
+	for _, m := range []*member{p, s} {
+		if kills, err := m.cgroup.OOMKills(); err != nil || kills > 0 || !m.running() {
+			t.Fatalf("%s after the guest filled its memory: %d processes of its launcher killed for their memory (%v); its QEMU runs: %v", m.name, kills, err, m.running())
+		}
+		anon, _ := m.cgroup.Anonymous()
+		t.Logf("%s's launcher after the guest filled its memory: %d MiB anonymous memory, within its %d MiB limit", m.name, anon>>20, m.cgroup.Limit>>20)
+	}
 	killed := time.Now()
 	p.killQEMU()
 	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU (the real guest, an ssh session running)")
 	c.waitState(p, failover.Fenced, 10*time.Second)
 	sess.waitLines(t, 20, killed, time.Minute)
 	t.Logf("the ssh session went on on the secondary: %d lines since the kill, none lost or repeated", sess.linesSince(killed))
+}
+
+// fillMiB is how much of its 512 MiB the real guest fills where a test asks it to.
+const fillMiB = 320
+
+// TestLibvirtSecondaryReservedWithoutItsRAMCacheIsKilled is the check above, failing where it
+// must: a secondary whose memory is reserved as a primary's (the guest's memory, without its RAM
+// cache) gets the launcher limit KubeVirt gives a primary, and when the guest fills its memory the
+// kernel kills the secondary's QEMU for going over it. The primary goes on alone.
+func TestLibvirtSecondaryReservedWithoutItsRAMCacheIsKilled(t *testing.T) {
+	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, debian, func(c *cluster) { c.secondaryWithoutRAMCache = true })
+	s.oomExpected = true
+	c.debian.fillMemory(t, c.client, c.vmAddr, fillMiB)
+	select {
+	case <-s.exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the secondary reserved without its RAM cache still runs two minutes after the guest filled its memory (its launcher held at most %s)", peakOf(s.cgroup))
+	}
+	if kills, err := s.cgroup.OOMKills(); err != nil || kills == 0 {
+		t.Fatalf("the secondary's QEMU exited, but not killed for its memory (%d kills, %v)", kills, err)
+	}
+	t.Logf("the kernel killed the secondary's QEMU at its launcher's limit of %d MiB (most held: %s)", s.cgroup.Limit>>20, peakOf(s.cgroup))
+	c.waitState(p, failover.Alone, time.Minute)
+	cl.next("the primary serves alone after its secondary was killed", time.Minute)
+}
+
+// peakOf is the most the cgroup held, for messages.
+func peakOf(cg *virtlauncher.MemoryCgroup) string {
+	peak, err := cg.Peak()
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d MiB", peak>>20)
+}
+
+// waitCheckpoints waits for n more checkpoints of the pair.
+func (c *cluster) waitCheckpoints(n int, limit time.Duration) {
+	c.t.Helper()
+	want, deadline := c.checkpointCount()+n, time.Now().Add(limit)
+	for c.checkpointCount() < want {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d checkpoints in %s, want %d", c.checkpointCount()-want+n, limit, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // TestLibvirtFailoverOnLossOfThePrimaryNode: the real guest, its counter asked over IPv6 (the
@@ -353,7 +455,7 @@ func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(h.Stop)
-				lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, c.launcherShares())
+				lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, c.launcherShares(), nil)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,0 +1,137 @@
+package virtlauncher
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	virtv1 "kubevirt.io/api/core/v1"
+)
+
+// This file is how KubeVirt v1.9's virt-controller sizes the memory of a VMI's launcher pod: the
+// compute container, where virt-launcher, its libvirt daemons and QEMU run, gets the VMI's memory
+// request and limit, each plus KubeVirt's estimate of the VMI's overhead (the KVM backend's
+// GetMemoryOverhead, with no additional overhead ratio configured). The scheduler places the pod
+// by the request; the kernel kills what the container holds beyond the limit.
+
+// Overhead is what KubeVirt v1.9 adds to a VMI's memory for its launcher: page tables (a bit per
+// 512 bytes of the memory request), virt-launcher's monitor and itself, virtlogd, virtqemud and
+// QEMU (the `ps` RSS KubeVirt measured of each: 25, 100, 25, 40 and 30 MiB), 8 MiB per vCPU and
+// 8 MiB for the IO thread, 32 MiB of video RAM unless graphics are off, and the extras of
+// devices, probes and pinning.
+func Overhead(vmi *virtv1.VirtualMachineInstance) resource.Quantity {
+	d := vmi.Spec.Domain
+	mi := func(n int64) int64 { return n << 20 }
+	// The memory request in thousands of bytes (rounded up), over 512, as KubeVirt computes it.
+	request := d.Resources.Requests.Memory().ScaledValue(resource.Kilo)
+	bytes := request * 1000 / 512
+	bytes += mi(25 + 100 + 25 + 40 + 30)
+	bytes += mi(8) * vcpus(vmi)
+	bytes += mi(8)
+	if d.Devices.AutoattachGraphicsDevice == nil || *d.Devices.AutoattachGraphicsDevice {
+		bytes += mi(32)
+	}
+	if len(d.Devices.HostDevices) > 0 || len(d.Devices.GPUs) > 0 || hasSRIOV(vmi) { // VFIO locks the guest's RAM and MMIO space
+		bytes += mi(1024)
+	}
+	for _, v := range vmi.Spec.Volumes {
+		if v.DownwardMetrics != nil {
+			bytes += mi(1)
+			break
+		}
+	}
+	bytes += probeOverhead(vmi)
+	if ls := d.LaunchSecurity; ls != nil && (ls.SEV != nil || ls.SNP != nil) {
+		bytes += mi(256)
+	}
+	if tpm := d.Devices.TPM; tpm != nil && (tpm.Enabled == nil || *tpm.Enabled) { // swtpm
+		bytes += mi(53)
+	}
+	if (d.CPU != nil && d.CPU.DedicatedCPUPlacement) || qosGuaranteed(vmi) {
+		bytes += mi(100)
+	}
+	if m := d.Memory; m != nil && m.ReservedOverhead != nil && m.ReservedOverhead.AddedOverhead != nil {
+		bytes += m.ReservedOverhead.AddedOverhead.Value()
+	}
+	return *resource.NewQuantity(bytes, resource.BinarySI)
+}
+
+// LauncherMemory is the compute container's memory request and limit (zero: no limit) for vmi: the
+// VMI's request (else its limit, else its guest memory) and its limit, each plus Overhead (the
+// request without it where the VMI overcommits its overhead).
+func LauncherMemory(vmi *virtv1.VirtualMachineInstance) (request, limit resource.Quantity, err error) {
+	res := vmi.Spec.Domain.Resources
+	request, hasRequest := res.Requests[corev1.ResourceMemory]
+	limit, hasLimit := res.Limits[corev1.ResourceMemory]
+	switch {
+	case hasRequest && !request.IsZero():
+		request = request.DeepCopy()
+	case hasLimit && !limit.IsZero():
+		request = limit.DeepCopy()
+	case vmi.Spec.Domain.Memory != nil && vmi.Spec.Domain.Memory.Guest != nil:
+		request = vmi.Spec.Domain.Memory.Guest.DeepCopy()
+	default:
+		return request, limit, fmt.Errorf("VMI %s sets neither a memory request nor guest memory", vmi.Name)
+	}
+	overhead := Overhead(vmi)
+	if !res.OvercommitGuestOverhead {
+		request.Add(overhead)
+	}
+	if hasLimit {
+		limit = limit.DeepCopy()
+		limit.Add(overhead)
+	} else {
+		limit = resource.Quantity{}
+	}
+	return request, limit, nil
+}
+
+// vcpus is the VMI's vCPUs as KubeVirt counts them once its webhook has set the topology: sockets
+// times cores times threads, else the CPU limit, else the CPU request, else 1.
+func vcpus(vmi *virtv1.VirtualMachineInstance) int64 {
+	if c := vmi.Spec.Domain.CPU; c != nil && (c.Sockets > 0 || c.Cores > 0 || c.Threads > 0) {
+		return int64(max(c.Sockets, 1) * max(c.Cores, 1) * max(c.Threads, 1))
+	}
+	res := vmi.Spec.Domain.Resources
+	if q, ok := res.Limits[corev1.ResourceCPU]; ok && q.Value() > 0 {
+		return q.Value()
+	}
+	if q, ok := res.Requests[corev1.ResourceCPU]; ok && q.Value() > 0 {
+		return q.Value()
+	}
+	return 1
+}
+
+// qosGuaranteed is KubeVirt's test for a VMI that asks for Guaranteed QoS: memory request equal to
+// its limit (or a limit alone) and CPU request equal to its limit.
+func qosGuaranteed(vmi *virtv1.VirtualMachineInstance) bool {
+	res := vmi.Spec.Domain.Resources
+	memory := (res.Requests.Memory().IsZero() && !res.Limits.Memory().IsZero()) ||
+		(!res.Requests.Memory().IsZero() && res.Requests.Memory().Cmp(*res.Limits.Memory()) == 0)
+	cpu := !res.Requests.Cpu().IsZero() && res.Requests.Cpu().Cmp(*res.Limits.Cpu()) == 0
+	return memory && cpu
+}
+
+// probeOverhead is KubeVirt's allowance for exec probes (virt-probe): 10 MiB per probe, and
+// 100 MiB once.
+func probeOverhead(vmi *virtv1.VirtualMachineInstance) int64 {
+	var n int64
+	for _, p := range []*virtv1.Probe{vmi.Spec.LivenessProbe, vmi.Spec.ReadinessProbe} {
+		if p != nil && p.Exec != nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return (n*10 + 100) << 20
+}
+
+func hasSRIOV(vmi *virtv1.VirtualMachineInstance) bool {
+	for _, i := range vmi.Spec.Domain.Devices.Interfaces {
+		if i.SRIOV != nil {
+			return true
+		}
+	}
+	return false
+}

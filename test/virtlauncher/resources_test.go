@@ -1,0 +1,111 @@
+package virtlauncher
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+)
+
+// TestLauncherMemoryIsKubeVirts: the compute container's memory, as KubeVirt v1.9 sizes it, for
+// the shapes of VMI that lockstep's members and KubeVirt's own tests have.
+func TestLauncherMemoryIsKubeVirts(t *testing.T) {
+	mi := func(s string) resource.Quantity { return resource.MustParse(s) }
+	mib := func(s string) int64 { q := resource.MustParse(s); return q.Value() >> 20 }
+	off, on := false, true
+	vmi := func(mutate func(*virtv1.VirtualMachineInstanceSpec)) *virtv1.VirtualMachineInstance {
+		v := &virtv1.VirtualMachineInstance{}
+		mutate(&v.Spec)
+		return v
+	}
+	reserved := func(memory, cpus string) func(*virtv1.VirtualMachineInstanceSpec) {
+		return func(s *virtv1.VirtualMachineInstanceSpec) {
+			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: mi(memory), corev1.ResourceCPU: mi(cpus)}
+			s.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: mi(memory), corev1.ResourceCPU: mi(cpus)}
+		}
+	}
+	for _, c := range []struct {
+		name             string
+		vmi              *virtv1.VirtualMachineInstance
+		request, limit   string // "" limit: none
+		overhead, reason string
+	}{
+		// KubeVirt's own test of the overhead: 1Gi requested and nothing else (2Mi of page tables,
+		// 220Mi for its processes, 8Mi for one vCPU and 8Mi for the IO thread, 32Mi of video).
+		{"a request alone", vmi(func(s *virtv1.VirtualMachineInstanceSpec) {
+			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: mi("1Gi")}
+		}), "1294Mi", "", "270Mi", ""},
+		// Members of a guest of 512Mi with 2 vCPUs, as the operator builds them: reserved in full
+		// (Guaranteed QoS: 100Mi more); the secondary reserves its RAM cache too, twice the guest
+		// (and twice the page tables).
+		{"a primary of 512Mi", builtMember(t, ftv1.RolePrimary), "889Mi", "889Mi", "377Mi", ""},
+		{"a secondary of 512Mi", builtMember(t, ftv1.RoleSecondary), "1402Mi", "1402Mi", "378Mi", ""},
+		{"guest memory alone", vmi(func(s *virtv1.VirtualMachineInstanceSpec) {
+			g := mi("256Mi")
+			s.Domain.Memory = &virtv1.Memory{Guest: &g}
+			s.Domain.CPU = &virtv1.CPU{Sockets: 2, Cores: 2}
+		}), "548Mi", "", "292Mi", ""},
+		{"no graphics, both exec probes, a TPM, dedicated CPUs", vmi(func(s *virtv1.VirtualMachineInstanceSpec) {
+			reserved("512Mi", "1")(s)
+			s.Domain.Resources.Limits = nil // no limit: not Guaranteed, but dedicated CPUs count the same
+			s.Domain.CPU = &virtv1.CPU{DedicatedCPUPlacement: true}
+			s.Domain.Devices.AutoattachGraphicsDevice = &off
+			s.Domain.Devices.TPM = &virtv1.TPMDevice{Enabled: &on}
+			exec := &virtv1.Probe{Handler: virtv1.Handler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+			s.LivenessProbe, s.ReadinessProbe = exec, exec
+		}), "1022Mi", "", "510Mi", ""},
+		{"overcommitted overhead", vmi(func(s *virtv1.VirtualMachineInstanceSpec) {
+			reserved("512Mi", "2")(s)
+			s.Domain.Resources.OvercommitGuestOverhead = true
+		}), "512Mi", "889Mi", "377Mi", ""},
+		{"no memory at all", vmi(func(*virtv1.VirtualMachineInstanceSpec) {}), "", "", "", "sets neither"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			request, limit, err := LauncherMemory(c.vmi)
+			if c.reason != "" {
+				if err == nil {
+					t.Fatalf("got %s/%s, want an error", request.String(), limit.String())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			overhead := Overhead(c.vmi)
+			// Page tables are counted in bytes: compare in whole MiB, as KubeVirt's figures are.
+			if got := overhead.Value() >> 20; got != mib(c.overhead) {
+				t.Errorf("overhead %dMi, want %s", got, c.overhead)
+			}
+			if got := request.Value() >> 20; got != mib(c.request) {
+				t.Errorf("request %dMi, want %s", got, c.request)
+			}
+			switch {
+			case c.limit == "" && !limit.IsZero():
+				t.Errorf("limit %s, want none", limit.String())
+			case c.limit != "" && limit.Value()>>20 != mib(c.limit):
+				t.Errorf("limit %dMi, want %s", limit.Value()>>20, c.limit)
+			}
+		})
+	}
+}
+
+// builtMember is a member of a 512Mi, 2-vCPU guest, built by the operator's member.Build.
+func builtMember(t *testing.T, role string) *virtv1.VirtualMachineInstance {
+	guest := resource.MustParse("512Mi")
+	tmpl := ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{
+		CPU: &virtv1.CPU{Cores: 2}, Memory: &virtv1.Memory{Guest: &guest}},
+		Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "root"}}}}}}}
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "u"}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
+	vmi, err := member.Build(ftvm, member.Normalize(ftvm.UID, tmpl), member.Member{Role: role, Node: "n",
+		DiskSizes: map[string]resource.Quantity{"root": resource.MustParse("1Gi")}}, member.Options{COLO: member.COLO{Enabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vmi
+}
