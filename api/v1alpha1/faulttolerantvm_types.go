@@ -393,8 +393,8 @@ type CheckpointStatus struct {
 	PerSecond *resource.Quantity `json:"perSecond,omitempty"`
 
 	// forcedPerSecond is how many of them a second colo-compare forced before the periodic one
-	// was due: mismatchPerSecond and timeoutPerSecond together, or, with a QEMU that does not
-	// count them, a guess from the time between checkpoints.
+	// was due: mismatchPerSecond, timeoutPerSecond and unparsedPerSecond together, or, with a QEMU
+	// that does not count them, a guess from the time between checkpoints.
 	// +optional
 	ForcedPerSecond *resource.Quantity `json:"forcedPerSecond,omitempty"`
 
@@ -409,6 +409,13 @@ type CheckpointStatus struct {
 	// (absent when the VM's QEMU does not count causes).
 	// +optional
 	TimeoutPerSecond *resource.Quantity `json:"timeoutPerSecond,omitempty"`
+
+	// unparsedPerSecond is how many checkpoints a second colo-compare forced because it held a
+	// packet of the primary that it cannot compare (IPv6, ARP, anything but IPv4): such a packet
+	// leaves only at the next checkpoint, so a VM that talks mostly IPv6 waits for checkpoints
+	// (absent when the VM's QEMU does not count causes).
+	// +optional
+	UnparsedPerSecond *resource.Quantity `json:"unparsedPerSecond,omitempty"`
 }
 
 // FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM

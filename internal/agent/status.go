@@ -42,9 +42,12 @@ type Status struct {
 	Checkpoints, ForcedCheckpoints uint64
 	CheckpointPause                time.Duration
 	// CheckpointCausesKnown says that the engine told the forced checkpoints apart: those for
-	// outputs that differed (CheckpointsOnMismatch) and for a late secondary (CheckpointsOnTimeout).
-	CheckpointCausesKnown                       bool
-	CheckpointsOnMismatch, CheckpointsOnTimeout uint64
+	// outputs that differed (CheckpointsOnMismatch), for a late secondary (CheckpointsOnTimeout),
+	// and for outputs it could not compare (CheckpointsOnUnparsed), which it held until a
+	// checkpoint (UnparsedHeld of them).
+	CheckpointCausesKnown                                              bool
+	CheckpointsOnMismatch, CheckpointsOnTimeout, CheckpointsOnUnparsed uint64
+	UnparsedHeld                                                       uint64
 }
 
 // Status returns the agent's snapshot.
@@ -89,6 +92,7 @@ func (a *Agent) Status() Status {
 		}
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
+		st.CheckpointsOnUnparsed, st.UnparsedHeld = streams.OnUnparsed, streams.UnparsedHeld
 	}
 	return st
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 )
 
-// colo-compare's counts of the checkpoints it asked for, by cause: read-only properties of the
-// compare object in lockstep's QEMU (hack/qemu/colo-compare-checkpoint-causes.patch). The
-// frame's own, periodic checkpoints are the rest. A QEMU without the patch has neither.
+// colo-compare's counts of the checkpoints it asked for, by cause, and of the packets it held:
+// read-only properties of the compare object in lockstep's QEMU
+// (hack/qemu/colo-compare-checkpoint-causes.patch, colo-compare-unparsed-held.patch). The frame's
+// own, periodic checkpoints are the rest. A QEMU without the first patch has none of them.
 const (
 	// compareID is the primary's colo-compare object: StartPrimary adds it, PrimaryGoAlone
 	// deletes it, and CompareCauses reads its counts.
@@ -19,52 +20,70 @@ const (
 	compareObject      = "/objects/" + compareID
 	propOnMismatch     = "x-checkpoints-on-mismatch"
 	propOnTimeout      = "x-checkpoints-on-timeout"
+	propOnUnparsed     = "x-checkpoints-on-unparsed"
+	propUnparsedHeld   = "x-unparsed-held"
 	compareCauseBudget = time.Second
 )
 
 // errNoCauses is what CompareCauses says of a QEMU that does not count causes.
 var errNoCauses = errors.New("this QEMU's colo-compare does not count the causes of its checkpoints")
 
-// CompareCauses reads how many checkpoints the primary's colo-compare asked for because the two
-// sides' packets differed, and because a packet waited past the compare timeout, since it was
-// created (with this protection).
-func CompareCauses(ctx context.Context, q *qmp.Conn) (mismatch, timeout uint64, err error) {
-	for _, r := range []struct {
-		prop string
-		into *uint64
-	}{{propOnMismatch, &mismatch}, {propOnTimeout, &timeout}} {
-		if err := q.Execute(ctx, "qom-get", map[string]any{"path": compareObject, "property": r.prop}, r.into); err != nil {
-			var qe *qmp.Error
-			if errors.As(err, &qe) && strings.Contains(qe.Desc, "Property") && strings.Contains(qe.Desc, "not found") {
-				return 0, 0, errNoCauses
-			}
-			return 0, 0, err
-		}
-	}
-	return mismatch, timeout, nil
+// Causes are colo-compare's counts since it was created (with its protection): the checkpoints it
+// asked for because the two sides' packets differed (Mismatch), because a packet waited past the
+// compare timeout (Timeout), or because it held a packet it could not parse (Unparsed: IPv6,
+// ARP; it holds them until the next checkpoint), and how many packets it held so (Held).
+type Causes struct {
+	Mismatch, Timeout, Unparsed, Held uint64
 }
 
-// causeCounts are the engine's checkpoints by the cause colo-compare gave, over the side's life.
+// CompareCauses reads the primary's colo-compare counts. A QEMU that counts causes but does not
+// hold unparsed packets reports no Unparsed or Held.
+func CompareCauses(ctx context.Context, q *qmp.Conn) (Causes, error) {
+	var c Causes
+	for _, r := range []struct {
+		prop     string
+		into     *uint64
+		optional bool
+	}{{propOnMismatch, &c.Mismatch, false}, {propOnTimeout, &c.Timeout, false}, {propOnUnparsed, &c.Unparsed, true}, {propUnparsedHeld, &c.Held, true}} {
+		if err := q.Execute(ctx, "qom-get", map[string]any{"path": compareObject, "property": r.prop}, r.into); err != nil {
+			var qe *qmp.Error
+			notFound := errors.As(err, &qe) && strings.Contains(qe.Desc, "Property") && strings.Contains(qe.Desc, "not found")
+			switch {
+			case notFound && r.optional:
+				continue
+			case notFound:
+				return Causes{}, errNoCauses
+			}
+			return Causes{}, err
+		}
+	}
+	return c, nil
+}
+
+// causeCounts are the engine's counts of colo-compare's causes, over the side's life.
 type causeCounts struct {
-	unknown           bool   // the QEMU does not count them
-	mismatch, timeout uint64 // over the side's life
-	seen              [2]uint64
+	unknown bool   // the QEMU does not count them
+	life    Causes // over the side's life
+	seen    Causes // what the current compare object said last
 }
 
 // add takes in what the current compare object counts: its counts start at zero with each
 // protection (newProtection), so what is new is what grew since the last read.
-func (c *causeCounts) add(mismatch, timeout uint64) {
-	if mismatch >= c.seen[0] {
-		c.mismatch += mismatch - c.seen[0]
+func (c *causeCounts) add(now Causes) {
+	grown := func(life *uint64, now, seen uint64) {
+		if now >= seen {
+			*life += now - seen
+		}
 	}
-	if timeout >= c.seen[1] {
-		c.timeout += timeout - c.seen[1]
-	}
-	c.seen = [2]uint64{mismatch, timeout}
+	grown(&c.life.Mismatch, now.Mismatch, c.seen.Mismatch)
+	grown(&c.life.Timeout, now.Timeout, c.seen.Timeout)
+	grown(&c.life.Unparsed, now.Unparsed, c.seen.Unparsed)
+	grown(&c.life.Held, now.Held, c.seen.Held)
+	c.seen = now
 }
 
 // newProtection forgets the last compare object's counts: the next one counts from zero.
-func (c *causeCounts) newProtection() { c.seen = [2]uint64{} }
+func (c *causeCounts) newProtection() { c.seen = Causes{} }
 
 // readCauses updates the engine's counts of causes after a checkpoint. A QEMU that does not count
 // them is not asked again; a read that fails otherwise (the protection ending) is skipped.
@@ -77,7 +96,7 @@ func (e *Engine) readCauses(ctx context.Context, q *qmp.Conn) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, compareCauseBudget)
 	defer cancel()
-	mismatch, timeout, err := CompareCauses(ctx, q)
+	causes, err := CompareCauses(ctx, q)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
@@ -85,6 +104,6 @@ func (e *Engine) readCauses(ctx context.Context, q *qmp.Conn) {
 		e.causes.unknown = true
 		e.cfg.Log.Info("checkpoints are not told apart by cause", "reason", err.Error())
 	case err == nil && e.protected:
-		e.causes.add(mismatch, timeout)
+		e.causes.add(causes)
 	}
 }

@@ -204,8 +204,9 @@ func (e *Engine) Streams() engine.StreamStats {
 	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value()}
 	if !e.causes.unknown && e.checkpoints > 0 {
 		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.
-		st.CausesKnown, st.OnMismatch, st.OnTimeout = true, e.causes.mismatch, e.causes.timeout
-		st.Forced = min(e.causes.mismatch+e.causes.timeout, e.checkpoints)
+		c := e.causes.life
+		st.CausesKnown, st.OnMismatch, st.OnTimeout, st.OnUnparsed, st.UnparsedHeld = true, c.Mismatch, c.Timeout, c.Unparsed, c.Held
+		st.Forced = min(c.Mismatch+c.Timeout+c.Unparsed, e.checkpoints)
 	}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {

@@ -114,10 +114,13 @@ type StreamStats struct {
 	Checkpoints, Forced uint64
 	Pause               time.Duration
 	// CausesKnown says that the engine's comparison counts why it forced checkpoints: OnMismatch
-	// for outputs that differed, OnTimeout for a secondary's output that came too late (Forced is
-	// their sum). Without it Forced is the engine's guess from the checkpoints' intervals.
-	CausesKnown           bool
-	OnMismatch, OnTimeout uint64
+	// for outputs that differed, OnTimeout for a secondary's output that came too late, OnUnparsed
+	// for an output it could not compare and held until a checkpoint (Forced is their sum);
+	// UnparsedHeld counts those outputs. Without it Forced is the engine's guess from the
+	// checkpoints' intervals.
+	CausesKnown                       bool
+	OnMismatch, OnTimeout, OnUnparsed uint64
+	UnparsedHeld                      uint64
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

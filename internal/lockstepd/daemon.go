@@ -468,13 +468,14 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 	}
 	restart := w.at.IsZero() || w.from.State != st.State || st.BytesLogged < w.from.BytesLogged ||
 		st.Checkpoints < w.from.Checkpoints || st.ForcedCheckpoints < w.from.ForcedCheckpoints ||
-		st.CheckpointsOnMismatch < w.from.CheckpointsOnMismatch || st.CheckpointsOnTimeout < w.from.CheckpointsOnTimeout
+		st.CheckpointsOnMismatch < w.from.CheckpointsOnMismatch || st.CheckpointsOnTimeout < w.from.CheckpointsOnTimeout ||
+		st.CheckpointsOnUnparsed < w.from.CheckpointsOnUnparsed
 	elapsed := now.Sub(w.at)
 	switch {
 	case restart:
 		fields["logBandwidth"] = nil
 		if cps != nil {
-			cps["perSecond"], cps["forcedPerSecond"], cps["mismatchPerSecond"], cps["timeoutPerSecond"] = nil, nil, nil, nil
+			cps["perSecond"], cps["forcedPerSecond"], cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"] = nil, nil, nil, nil, nil
 		}
 		return fields, rateWindow{at: now, from: st}
 	case elapsed < every || elapsed <= 0:
@@ -490,8 +491,9 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 		if st.CheckpointCausesKnown && w.from.CheckpointCausesKnown {
 			cps["mismatchPerSecond"] = perSecond(st.CheckpointsOnMismatch - w.from.CheckpointsOnMismatch)
 			cps["timeoutPerSecond"] = perSecond(st.CheckpointsOnTimeout - w.from.CheckpointsOnTimeout)
+			cps["unparsedPerSecond"] = perSecond(st.CheckpointsOnUnparsed - w.from.CheckpointsOnUnparsed)
 		} else {
-			cps["mismatchPerSecond"], cps["timeoutPerSecond"] = nil, nil
+			cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"] = nil, nil, nil
 		}
 	}
 	return fields, rateWindow{at: now, from: st}

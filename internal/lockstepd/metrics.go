@@ -23,13 +23,14 @@ var (
 	descFailover    = prometheus.NewDesc("lockstepd_failovers_total", "Times this side went live after its primary was lost.", metricLabels, nil)
 	descEpoch       = prometheus.NewDesc("lockstepd_epoch", "The pair's Lease epoch this side knows.", metricLabels, nil)
 	descPace        = prometheus.NewDesc("lockstepd_pace_delay_seconds", "Delay added to each log append while the secondary trails too far.", metricLabels, nil)
-	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period), mismatch (the two sides' packets differed), timeout (the secondary's packet came after the compare timeout), or forced (one of the two, with a QEMU that does not say which). Mostly mismatch and timeout checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
+	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period), mismatch (the two sides' packets differed), timeout (the secondary's packet came after the compare timeout), unparsed (a packet of the primary that colo-compare cannot compare, such as IPv6 or ARP, held until a checkpoint), or forced (one of those, with a QEMU that does not say which). Mostly forced checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
 	descPause       = prometheus.NewDesc("lockstepd_checkpoint_pause_seconds", "How long the primary's VM stands still for a checkpoint (moving average).", metricLabels, nil)
+	descUnparsed    = prometheus.NewDesc("lockstepd_colo_unparsed_held_packets_total", "Packets of the primary that colo-compare could not compare (IPv6, ARP: anything but IPv4) and held until the next checkpoint.", metricLabels, nil)
 	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descRefused} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descRefused} {
 		ch <- d
 	}
 }
@@ -65,17 +66,20 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descPause, prometheus.GaugeValue, st.CheckpointPause.Seconds(), l...)
 		}
+		if st.CheckpointCausesKnown {
+			ch <- prometheus.MustNewConstMetric(descUnparsed, prometheus.CounterValue, float64(st.UnparsedHeld), l...)
+		}
 	}
 }
 
-// checkpointCauses splits a side's checkpoints by cause: periodic, mismatch and timeout when
+// checkpointCauses splits a side's checkpoints by cause: periodic, mismatch, timeout and unparsed when
 // the engine tells its forced ones apart, periodic and forced otherwise.
 func checkpointCauses(st agent.Status) map[string]uint64 {
 	periodic := st.Checkpoints - min(st.ForcedCheckpoints, st.Checkpoints)
 	if !st.CheckpointCausesKnown {
 		return map[string]uint64{"periodic": periodic, "forced": st.ForcedCheckpoints}
 	}
-	return map[string]uint64{"periodic": periodic, "mismatch": st.CheckpointsOnMismatch, "timeout": st.CheckpointsOnTimeout}
+	return map[string]uint64{"periodic": periodic, "mismatch": st.CheckpointsOnMismatch, "timeout": st.CheckpointsOnTimeout, "unparsed": st.CheckpointsOnUnparsed}
 }
 
 func registerMetrics(d *Daemon) {

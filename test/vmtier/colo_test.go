@@ -320,7 +320,8 @@ func (c *cluster) clientIPv6() {
 }
 
 // unparsedHeld is how many packets of the primary p colo-compare held until a checkpoint because
-// it could not compare them (IPv6, ARP), and fails the test if there were none.
+// it could not compare them (IPv6, ARP), and fails the test if there were none, or if p's
+// lockstepd does not report them (and the checkpoints they forced) once a checkpoint has passed.
 func (c *cluster) unparsedHeld(p *member) uint64 {
 	c.t.Helper()
 	var held uint64
@@ -328,6 +329,15 @@ func (c *cluster) unparsedHeld(p *member) uint64 {
 	defer cancel()
 	if err := p.launcher.Execute(ctx, "qom-get", map[string]any{"path": "/objects/comp0", "property": "x-unparsed-held"}, &held); err != nil || held == 0 {
 		c.t.Fatalf("colo-compare held %d packets it could not compare (%v), want the guest's IPv6", held, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		st := p.agent.Status()
+		if st.UnparsedHeld > 0 && st.CheckpointsOnUnparsed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("colo-compare held %d packets it could not compare, and lockstepd reports %d held and %d checkpoints for them", held, st.UnparsedHeld, st.CheckpointsOnUnparsed)
+		}
 	}
 	return held
 }
