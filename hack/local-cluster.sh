@@ -369,6 +369,9 @@ down() {
       ip netns delete "$ns" 2>/dev/null || true
     done
     rm -rf "$HOSTS_DIR"
+    # The members' launcher cgroups (test/virtlauncher) that the killed processes left (rmdir
+    # removes only those without processes).
+    find /sys/fs/cgroup -maxdepth 6 -type d -name 'lockstep-launcher-*' -exec rmdir {} + 2>/dev/null || true
   fi
   rm -rf "$RUN_DIR"
 }

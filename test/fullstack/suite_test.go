@@ -16,7 +16,9 @@ package fullstack
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +78,13 @@ var _ = AfterSuite(func() {
 		return
 	}
 	GinkgoWriter.Print(figures.String())
+	// Members run under their launchers' memory limits (KubeVirt's, test/virtlauncher): no
+	// member's QEMU may have been killed at its limit (the double logs it as OOMKilled).
+	if out, err := lc.Run("logs", "kubevirt-double"); err == nil {
+		log, err := os.ReadFile(strings.TrimSpace(out))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(log)).NotTo(ContainSubstring("OOMKilled"), "a member's QEMU was killed at its launcher's memory limit")
+	}
 	msg, err := lc.End()
 	GinkgoWriter.Println(msg)
 	Expect(err).NotTo(HaveOccurred())

@@ -158,10 +158,21 @@ func (d *Domains) launch(dom *domain, vmi *virtv1.VirtualMachineInstance) {
 		d.Log.Info("domain running", "vmi", dom.key, "node", dom.host.Node, "pid", l.PID)
 		go func() {
 			<-l.Exited
+			// The launcher ends with its QEMU, as KubeVirt's pod does: its daemon and hook, and
+			// its memory cgroup. A QEMU that the kernel killed at the launcher's limit is
+			// reported as KubeVirt's pod would be: OOMKilled.
+			reason := "QEMU exited"
+			if l.Cgroup != nil {
+				if n, err := l.Cgroup.OOMKills(); err == nil && n > 0 {
+					reason = "QEMU exited: OOMKilled (over the launcher's memory limit)"
+				}
+			}
+			l.Stop()
+			l.RemoveCgroup()
 			dom.mu.Lock()
-			dom.state, dom.reason = DomainExited, "QEMU exited"
+			dom.state, dom.reason = DomainExited, reason
 			dom.mu.Unlock()
-			d.Log.Info("domain's QEMU exited", "vmi", dom.key, "node", dom.host.Node)
+			d.Log.Info("domain's QEMU exited", "vmi", dom.key, "node", dom.host.Node, "reason", reason)
 			d.changed(vmi)
 		}()
 	}
