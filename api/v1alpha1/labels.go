@@ -47,8 +47,8 @@ const (
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
 
-	// AnnotationReplicatedDisk, on a member VMI, names the disk that COLO replicates (default:
-	// the first disk that is neither a CD-ROM nor one of the overlays).
+	// AnnotationReplicatedDisk, on a member VMI, names the disks that COLO replicates, in order,
+	// comma-separated (default: every disk on a claim that is not a CD-ROM).
 	AnnotationReplicatedDisk = "ft.lockstep.dev/replicated-disk"
 
 	// AnnotationNodeLoggingAddress, on a Node, is where its lockstepd listens for FT log
@@ -70,9 +70,10 @@ const (
 	Finalizer = "ft.lockstep.dev/members"
 )
 
-// DiskColoActive and DiskColoHidden are the names of a member's COLO overlays: emptyDisk volumes
-// of the replicated disk's size, which the KubeVirt hook takes out of the guest's devices and a
-// secondary's replication chain writes to until a failover merges them.
+// DiskColoActive and DiskColoHidden are the names of a member's COLO overlays of its first
+// replicated disk (those of the others end in -<index>): emptyDisk volumes of the disk's size,
+// which the KubeVirt hook takes out of the guest's devices and a secondary's replication chain
+// writes to until a failover merges them.
 const (
 	DiskColoActive = "colo-active"
 	DiskColoHidden = "colo-hidden"

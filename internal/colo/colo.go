@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,15 +66,15 @@ func (s Sockets) Validate() error {
 // loop is the socket of one of colo-compare's local loops on the primary.
 func (s Sockets) loop(name string) string { return filepath.Join(s.Dir, "loop-"+name+".sock") }
 
-// StartSecondary readies the secondary: COLO on, and its NBD server for the primary's disk. It
-// can be repeated (an earlier lockstepd may have run it before it restarted): what is already
-// there counts as done.
-func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets) error {
-	for _, st := range []step{
-		colo(false),
-		{"nbd-server-start", map[string]any{"addr": unixAddr(s.Path(StreamNBD))}},
-		{"nbd-server-add", map[string]any{"device": "parent0", "writable": true}},
-	} {
+// StartSecondary readies the secondary: COLO on, and its NBD server, which exports its replica of
+// each of the primary's disks (disks of them) under the replica's name. It can be repeated (an
+// earlier lockstepd may have run it before it restarted): what is already there counts as done.
+func StartSecondary(ctx context.Context, q *qmp.Conn, s Sockets, disks int) error {
+	steps := []step{colo(false), {"nbd-server-start", map[string]any{"addr": unixAddr(s.Path(StreamNBD))}}}
+	for i := range disks {
+		steps = append(steps, step{"nbd-server-add", map[string]any{"device": parentNode(i), "writable": true}})
+	}
+	for _, st := range steps {
 		if err := q.Execute(ctx, st.cmd, st.args, nil); err != nil && !strings.Contains(err.Error(), "already") {
 			return fmt.Errorf("secondary start, %s: %w", st.cmd, err)
 		}
@@ -118,10 +119,41 @@ func PrimaryChardevs(ctx context.Context, q *qmp.Conn, s Sockets) error {
 	})
 }
 
-// ResyncDisk starts copying the primary's whole disk into the secondary's replica (job "resync").
-func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets) error {
-	return q.Execute(ctx, "drive-mirror", map[string]any{"device": "colo-disk0", "job-id": "resync",
-		"target": "nbd+unix:///parent0?socket=" + s.Path(StreamNBD), "mode": "existing", "format": "raw", "sync": "full"}, nil)
+// resyncJob is the job that copies the primary's i-th disk into the secondary's replica.
+func resyncJob(i int) string { return "resync" + strconv.Itoa(i) }
+
+// ResyncDisk starts copying the primary's whole i-th disk into the secondary's replica (job
+// resyncJob(i)). A job already running for it counts as started.
+func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets, i int) error {
+	err := q.Execute(ctx, "drive-mirror", map[string]any{"device": DiskNode(i), "job-id": resyncJob(i),
+		"target": "nbd+unix:///" + parentNode(i) + "?socket=" + s.Path(StreamNBD), "mode": "existing", "format": "raw", "sync": "full"}, nil)
+	if err != nil && strings.Contains(err.Error(), "already") {
+		return nil
+	}
+	return err
+}
+
+// ReplicatedDisks is how many replicated disks the member's QEMU has: its quorums DiskNode(0),
+// DiskNode(1), ... (the launcher made one per persistent disk of the VM).
+func ReplicatedDisks(ctx context.Context, q *qmp.Conn) (int, error) {
+	var blocks []struct {
+		Device string `json:"device"`
+	}
+	if err := q.Execute(ctx, "query-block", nil, &blocks); err != nil {
+		return 0, err
+	}
+	have := map[string]bool{}
+	for _, b := range blocks {
+		have[b.Device] = true
+	}
+	n := 0
+	for have[DiskNode(n)] {
+		n++
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("the member's QEMU has no replicated disk (no %s among its block devices): its launcher did not make it a COLO member", DiskNode(0))
+	}
+	return n, nil
 }
 
 // Tuning is how the primary's QEMU checkpoints.
@@ -162,21 +194,25 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // without a header (rtl8139, e1000) sends a length of 0, so the setting is right for every NIC;
 // both ends of each chardev must agree, or its framing is lost without an error.
 
-// StartPrimary makes a primary whose disk was resynced (and whose VM is stopped, so that nothing
+// StartPrimary makes a primary whose disks were resynced (and whose VM is stopped, so that nothing
 // changes between the resync and the migration) replicate its disk writes, divert its packets
 // through colo-compare, and migrate into COLO, checkpointing as t says (at least every
 // t.Checkpoint; colo-compare forces one sooner when the two sides' packets differ, or when a
 // packet of the primary found no match within t.CompareTimeout, which it looks for every half of
 // it). afterRewriter is set on a primary that was a secondary: its filters must come before the
 // filter-rewriter it kept.
-func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool) error {
+func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool, disks int) error {
 	netdev, err := Netdev(ctx, q)
 	if err != nil {
 		return err
 	}
-	if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
-		s.Path(StreamNBD)+",file.export=parent0,node-name=replication0"); err != nil {
-		return err
+	var steps []step
+	for i := range disks {
+		if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
+			s.Path(StreamNBD)+",file.export="+parentNode(i)+",node-name="+replicationNode(i)); err != nil {
+			return err
+		}
+		steps = append(steps, step{"x-blockdev-change", map[string]any{"parent": DiskNode(i), "node": replicationNode(i)}})
 	}
 	filter := func(typ, id string, kv ...string) step {
 		args := map[string]any{"qom-type": typ, "id": id, "netdev": netdev, "vnet_hdr_support": true}
@@ -188,8 +224,7 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		}
 		return step{"object-add", args}
 	}
-	return run(ctx, q, "primary COLO start", false, []step{
-		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "node": "replication0"}},
+	return run(ctx, q, "primary COLO start", false, append(steps, []step{
 		filter("filter-mirror", "m0", "queue", "tx", "outdev", "mirror0"),
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
@@ -199,8 +234,12 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		colo(t.RAMAhead),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
-	})
+	}...))
 }
+
+// replicationNode is the primary's replication child of its i-th disk, which writes to the
+// secondary's replica over NBD.
+func replicationNode(i int) string { return "replication" + strconv.Itoa(i) }
 
 // PrimaryCapabilities checks that the primary's QEMU takes the migration capabilities t needs,
 // and sets them; StartPrimary sets them again. Called before a protection changes anything, so
@@ -341,18 +380,21 @@ var secondaryGoLive = []step{
 	{"chardev-remove", map[string]any{"id": "red0"}},
 }
 
-// PrimaryGoAlone lets the primary run on without its lost secondary: drop the disk's replication
-// child, stop comparing and mirroring packets, and leave COLO (QEMU's documented order). Steps
-// whose object is already gone count as done, so that it can be repeated.
-func PrimaryGoAlone(ctx context.Context, q *qmp.Conn) error {
-	return run(ctx, q, "primary go-alone", true, []step{
-		{"x-blockdev-change", map[string]any{"parent": "colo-disk0", "child": "children.1"}},
-		{"human-monitor-command", map[string]any{"command-line": "drive_del replication0"}},
+// PrimaryGoAlone lets the primary run on without its lost secondary: drop each disk's replication
+// child (disks of them), stop comparing and mirroring packets, and leave COLO (QEMU's documented
+// order). Steps whose object is already gone count as done, so that it can be repeated.
+func PrimaryGoAlone(ctx context.Context, q *qmp.Conn, disks int) error {
+	var steps []step
+	for i := range disks {
+		steps = append(steps, step{"x-blockdev-change", map[string]any{"parent": DiskNode(i), "child": "children.1"}},
+			step{"human-monitor-command", map[string]any{"command-line": "drive_del " + replicationNode(i)}})
+	}
+	return run(ctx, q, "primary go-alone", true, append(steps, []step{
 		{"object-del", map[string]any{"id": compareID}},
 		{"object-del", map[string]any{"id": "iothread1"}},
 		{"object-del", map[string]any{"id": "m0"}},
 		{"object-del", map[string]any{"id": "redire0"}},
 		{"object-del", map[string]any{"id": "redire1"}},
 		{"x-colo-lost-heartbeat", nil},
-	})
+	}...))
 }

@@ -21,9 +21,12 @@ import (
 type fakeQEMU struct {
 	refuse  map[string]string
 	devices map[string]string
+	// blocks are the block devices query-block lists.
+	blocks []string
 
 	mu      sync.Mutex
 	cmds    []string
+	args    []map[string]any // the arguments of each command, in order
 	objects []map[string]any // the arguments of each object-add
 }
 
@@ -48,6 +51,7 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 			}
 			f.mu.Lock()
 			f.cmds = append(f.cmds, req.Execute)
+			f.args = append(f.args, req.Arguments)
 			if req.Execute == "object-add" {
 				f.objects = append(f.objects, req.Arguments)
 			}
@@ -71,6 +75,12 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 				}
 			case req.Execute == "human-monitor-command":
 				reply["return"] = ""
+			case req.Execute == "query-block":
+				var list []map[string]any
+				for _, b := range f.blocks {
+					list = append(list, map[string]any{"device": b})
+				}
+				reply["return"] = list
 			}
 			_ = w.Encode(reply)
 		}
@@ -83,6 +93,26 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 	}
 	t.Cleanup(func() { _ = q.Close() })
 	return q
+}
+
+// calls are the commands with their arguments, as "cmd arg=value ..." (arguments sorted).
+func (f *fakeQEMU) calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for i, c := range f.cmds {
+		keys := make([]string, 0, len(f.args[i]))
+		for k := range f.args[i] {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		line := c
+		for _, k := range keys {
+			line += fmt.Sprintf(" %s=%v", k, f.args[i][k])
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 func (f *fakeQEMU) commands() []string {
@@ -110,7 +140,7 @@ func TestAQEMUWithoutRAMAheadIsRefusedFirst(t *testing.T) {
 	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
 		t.Fatal(err)
 	}
-	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false); err != nil {
+	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false, 1); err != nil {
 		t.Fatal(err)
 	}
 	cmds := f.commands()
@@ -125,7 +155,7 @@ func TestAQEMUWithoutRAMAheadIsRefusedFirst(t *testing.T) {
 func TestEveryPacketFilterCarriesTheVirtioNetHeader(t *testing.T) {
 	f := &fakeQEMU{}
 	s := Sockets{Dir: t.TempDir()}
-	if err := StartPrimary(context.Background(), f.conn(t), s, Tuning{Checkpoint: time.Second, CompareTimeout: time.Second}, false); err != nil {
+	if err := StartPrimary(context.Background(), f.conn(t), s, Tuning{Checkpoint: time.Second, CompareTimeout: time.Second}, false, 1); err != nil {
 		t.Fatal(err)
 	}
 	packets := 0
@@ -154,5 +184,56 @@ func TestEveryPacketFilterCarriesTheVirtioNetHeader(t *testing.T) {
 	}
 	if filters != 3 {
 		t.Errorf("the secondary has %d filters, want 3 (f1, f2, rew0)", filters)
+	}
+}
+
+// TestEveryDiskHasItsReplicationChain: a VM with two disks (colo-disk0, colo-disk1). The engine
+// finds them in QEMU; the secondary exports a replica of each; the primary resyncs each into its
+// replica and adds a replication child to each quorum; going alone drops both.
+func TestEveryDiskHasItsReplicationChain(t *testing.T) {
+	ctx := context.Background()
+	s := Sockets{Dir: t.TempDir()}
+	f := &fakeQEMU{blocks: []string{"colo-disk0", "colo-disk1", "parent0", "parent1", "pflash0"}}
+	q := f.conn(t)
+	n, err := ReplicatedDisks(ctx, q)
+	if err != nil || n != 2 {
+		t.Fatalf("ReplicatedDisks: %d, %v; want 2", n, err)
+	}
+	if err := StartSecondary(ctx, q, s, n); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := ResyncDisk(ctx, q, s, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := StartPrimary(ctx, q, s, Tuning{Checkpoint: time.Second, CompareTimeout: time.Second}, false, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := PrimaryGoAlone(ctx, q, n); err != nil {
+		t.Fatal(err)
+	}
+	calls := strings.Join(f.calls(), "\n")
+	for _, want := range []string{
+		"nbd-server-add device=parent0 writable=true",
+		"nbd-server-add device=parent1 writable=true",
+		"drive-mirror device=colo-disk0 format=raw job-id=resync0 mode=existing sync=full target=nbd+unix:///parent0?socket=" + s.Path(StreamNBD),
+		"drive-mirror device=colo-disk1 format=raw job-id=resync1 mode=existing sync=full target=nbd+unix:///parent1?socket=" + s.Path(StreamNBD),
+		"file.export=parent0,node-name=replication0",
+		"file.export=parent1,node-name=replication1",
+		"x-blockdev-change node=replication0 parent=colo-disk0",
+		"x-blockdev-change node=replication1 parent=colo-disk1",
+		"x-blockdev-change child=children.1 parent=colo-disk0",
+		"x-blockdev-change child=children.1 parent=colo-disk1",
+		"command-line=drive_del replication1",
+	} {
+		if !strings.Contains(calls, want) {
+			t.Errorf("no %q among the commands:\n%s", want, calls)
+		}
+	}
+
+	f = &fakeQEMU{blocks: []string{"drive-ua-rootdisk"}}
+	if _, err := ReplicatedDisks(ctx, f.conn(t)); err == nil || !strings.Contains(err.Error(), "colo-disk0") {
+		t.Fatalf("a QEMU without replicated disks: %v, want an error that names colo-disk0", err)
 	}
 }

@@ -66,6 +66,7 @@ type Engine struct {
 	protecting context.CancelFunc // ends the protection in progress
 	q          *qmp.Conn
 	pid        int  // QEMU's, as this process sees it (0: not visible)
+	replicated int  // the VM's replicated disks, found in QEMU when the engine attached
 	leftover   bool // a primary attached to a QEMU still in COLO from an earlier lockstepd
 	// live: runs the VM (the primary, or a secondary that went live). A primary that is not live
 	// is a secondary whose go-live an earlier lockstepd began (it won the record) and did not finish.
@@ -128,6 +129,13 @@ func (e *Engine) peerStreams() relay.Target {
 // target is where the streams to the pair's member p go.
 func target(pair string, p engine.Peer) relay.Target {
 	return relay.Target{Addr: p.StreamAddr, Node: p.Node, Key: relay.Key(pair, p.Member)}
+}
+
+// disks is how many replicated disks the VM has.
+func (e *Engine) disks() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.replicated
 }
 
 func (e *Engine) conn() *qmp.Conn {

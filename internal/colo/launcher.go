@@ -52,27 +52,44 @@ func (vm VM) Args(name string) []string {
 // netdev is the id of the test launcher's NIC backend.
 const netdev = "hn0"
 
-// DiskID is the id of the member's replicated disk: a quorum that the launcher attaches the
-// guest's disk device to (drive=colo-disk0), and to which protection adds the replication child.
-const DiskID = "colo-disk0"
+// DiskNode is the id of the member's i-th replicated disk: a quorum that the launcher attaches the
+// guest's disk device to (drive=colo-disk<i>), and to which protection adds the replication
+// child. Every persistent disk of the VM is one, in the VMI's order; the engine finds how many
+// there are in QEMU (ReplicatedDisks).
+func DiskNode(i int) string { return "colo-disk" + strconv.Itoa(i) }
 
-// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disk (a
-// raw image, as KubeVirt's disk.img of a filesystem claim) as the only child of a quorum, to which protection adds the replication child. The VM runs from
-// the start, as a launcher starts it: the operator gave the pair's record to this member before
-// it made it.
-func PrimaryArgs(vm VM, disk string) []string {
-	return append(append(vm.Args("primary"), PrimaryDiskArgs(disk, "raw")...), "-device", "virtio-blk-pci,drive="+DiskID)
+// parentNode is the secondary's replica of the primary's i-th disk, which its NBD server exports
+// (under the same name) for the resync and for the primary's replicated writes.
+func parentNode(i int) string { return "parent" + strconv.Itoa(i) }
+
+// PrimaryArgs is the primary QEMU's command line (without the binary): the VM with its disks (raw
+// images, as KubeVirt's disk.img of a filesystem claim), each the only child of a quorum to which
+// protection adds the replication child. The VM runs from the start, as a launcher starts it: the
+// operator gave the pair's record to this member before it made it.
+func PrimaryArgs(vm VM, disks []string) []string {
+	args := vm.Args("primary")
+	for i, d := range disks {
+		args = append(append(args, PrimaryDiskArgs(i, d, "raw")...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
+	}
+	return args
 }
 
-// SecondaryArgs is the secondary QEMU's command line. parent is its replica of the primary's disk,
-// raw (Protect resyncs it); active and hidden are empty qcow2 images of the same size (best on
-// tmpfs): COLO writes the secondary's own writes and the primary's replicated ones there until a
-// failover merges them. Its packet streams dial the node's lockstepd, which carries them to the
-// primary; it takes the migration on its own socket.
-func SecondaryArgs(vm VM, parent, active, hidden string) []string {
+// SecondaryDisk is a secondary's replication chain of one disk: its replica of the primary's disk
+// (raw; protection resyncs it), and the active and hidden qcow2 overlays of the same size (best on
+// tmpfs), where COLO writes the secondary's own writes and the primary's replicated ones until a
+// failover merges them.
+type SecondaryDisk struct {
+	Parent, Active, Hidden string
+}
+
+// SecondaryArgs is the secondary QEMU's command line. Its packet streams dial the node's
+// lockstepd, which carries them to the primary; it takes the migration on its own socket.
+func SecondaryArgs(vm VM, disks []SecondaryDisk) []string {
 	args := append(vm.Args("secondary"), SecondaryNetArgs(vm.Sockets, netdev)...)
-	args = append(args, SecondaryDiskArgs(parent, "raw", active, hidden)...)
-	return append(append(args, "-device", "virtio-blk-pci,drive="+DiskID), IncomingArgs(vm.Sockets)...)
+	for i, d := range disks {
+		args = append(append(args, SecondaryDiskArgs(i, d.Parent, "raw", d.Active, d.Hidden)...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
+	}
+	return append(args, IncomingArgs(vm.Sockets)...)
 }
 
 // The pieces of a member's command line that every launcher adds the same way (the test
@@ -83,15 +100,15 @@ func MonitorArgs(s Sockets) []string {
 	return []string{"-qmp", "unix:" + s.QMP() + ",server=on,wait=off"}
 }
 
-// PrimaryDiskArgs is the primary's disk (its image and format) as the only child of the quorum
-// DiskID, with no device: the launcher attaches the guest's disk device to it.
-func PrimaryDiskArgs(image, format string) []string {
-	return []string{"-drive", "if=none,id=" + DiskID + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename=" + image + ",children.0.driver=" + format}
+// PrimaryDiskArgs is the primary's i-th disk (its image and format) as the only child of the
+// quorum DiskNode(i), with no device: the launcher attaches the guest's disk device to it.
+func PrimaryDiskArgs(i int, image, format string) []string {
+	return []string{"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename=" + image + ",children.0.driver=" + format}
 }
 
-// SecondaryDiskArgs is the secondary's replication chain, with no device: its replica of the
-// primary's disk (parent, an NBD export for the resync), the active and hidden qcow2 overlays of
-// the same size, and the quorum DiskID over them.
+// SecondaryDiskArgs is the secondary's replication chain of its i-th disk, with no device: its
+// replica of the primary's disk (parent, an NBD export for the resync), the active and hidden
+// qcow2 overlays of the same size, and the quorum DiskNode(i) over them.
 //
 // The overlays skip flushes (cache.no-flush): they are scratch that QEMU empties at every
 // checkpoint, and emptying a qcow2 image syncs its header and tables several times, which made
@@ -99,12 +116,13 @@ func PrimaryDiskArgs(image, format string) []string {
 // them durable: they live and die with the member's pod (KubeVirt emptyDisks; a member whose
 // node fails is replaced, never restarted from them), and on failover QEMU commits them into
 // the replica, which keeps its flushes.
-func SecondaryDiskArgs(parent, format, active, hidden string) []string {
+func SecondaryDiskArgs(i int, parent, format, active, hidden string) []string {
+	n := strconv.Itoa(i)
 	return []string{
-		"-drive", "if=none,id=parent0,file.filename=" + parent + ",driver=" + format,
-		"-drive", "if=none,id=childs0,driver=replication,mode=secondary,cache.no-flush=on,file.driver=qcow2,top-id=" + DiskID + "," +
-			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=parent0",
-		"-drive", "if=none,id=" + DiskID + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs0",
+		"-drive", "if=none,id=" + parentNode(i) + ",file.filename=" + parent + ",driver=" + format,
+		"-drive", "if=none,id=childs" + n + ",driver=replication,mode=secondary,cache.no-flush=on,file.driver=qcow2,top-id=" + DiskNode(i) + "," +
+			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=" + parentNode(i),
+		"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs" + n,
 	}
 }
 

@@ -74,35 +74,8 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	if err := PrimaryChardevs(ctx, q, e.cfg.Sockets); err != nil {
 		return err
 	}
-	// The secondary may still be starting: retry until its replica answers.
-	if err := retryFor(ctx, time.Minute, func() error { return ResyncDisk(ctx, q, e.cfg.Sockets) }); err != nil {
-		return fmt.Errorf("resync the disk: %w", err)
-	}
-	if err := retryFor(ctx, 10*time.Minute, func() error {
-		jobs, err := Jobs(ctx, q)
-		if err != nil {
-			return err
-		}
-		if len(jobs) == 0 || !jobs[0].Ready {
-			return errors.New("the disk resync is not done")
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	// Nothing may change between the resync's end and the first checkpoint.
-	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
-		return err
-	}
-	if err := q.Execute(ctx, "block-job-cancel", map[string]any{"device": "resync"}, nil); err != nil {
-		return err
-	}
-	if err := retryFor(ctx, time.Minute, func() error {
-		if jobs, err := Jobs(ctx, q); err != nil || len(jobs) > 0 {
-			return errors.New("the resync job is still there")
-		}
-		return nil
-	}); err != nil {
+	disks := e.disks()
+	if err := resyncDisks(ctx, q, e.cfg.Sockets, disks); err != nil {
 		return err
 	}
 	// The secondary's packet streams must be connected before its copy of the VM runs.
@@ -118,7 +91,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	afterRewriter := e.wasSecondary
 	e.causes.newProtection() // StartPrimary creates a new compare object
 	e.mu.Unlock()
-	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter); err != nil {
+	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter, disks); err != nil {
 		return err
 	}
 	select {
@@ -141,6 +114,50 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	e.protected = true
 	e.mu.Unlock()
 	return nil
+}
+
+// resyncDisks copies each of the primary's disks into the secondary's replica, all at once (each
+// over its own NBD connection), and stops the VM once every copy has caught up: nothing may
+// change between the resync's end and the first checkpoint.
+func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int) error {
+	// The secondary may still be starting: retry until its replicas answer.
+	for i := range disks {
+		if err := retryFor(ctx, time.Minute, func() error { return ResyncDisk(ctx, q, s, i) }); err != nil {
+			return fmt.Errorf("resync disk %d: %w", i, err)
+		}
+	}
+	if err := retryFor(ctx, 10*time.Minute, func() error {
+		jobs, err := Jobs(ctx, q)
+		if err != nil {
+			return err
+		}
+		ready := map[string]bool{}
+		for _, j := range jobs {
+			ready[j.ID] = j.Ready
+		}
+		for i := range disks {
+			if !ready[resyncJob(i)] {
+				return fmt.Errorf("the resync of disk %d is not done", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
+		return err
+	}
+	for i := range disks {
+		if err := q.Execute(ctx, "block-job-cancel", map[string]any{"device": resyncJob(i)}, nil); err != nil {
+			return err
+		}
+	}
+	return retryFor(ctx, time.Minute, func() error {
+		if jobs, err := Jobs(ctx, q); err != nil || len(jobs) > 0 {
+			return errors.New("the resync jobs are still there")
+		}
+		return nil
+	})
 }
 
 func (e *Engine) checkpoint(cp Checkpoint) {
@@ -170,10 +187,14 @@ func (e *Engine) teardown(ctx context.Context, q *qmp.Conn) {
 	e.mu.Lock()
 	e.protected = false
 	e.mu.Unlock()
-	if err := PrimaryGoAlone(ctx, q); err != nil {
+	disks := e.disks()
+	if err := PrimaryGoAlone(ctx, q, disks); err != nil {
 		e.cfg.Log.Error(err, "go alone")
 	}
-	steps := []step{{"block-job-cancel", map[string]any{"device": "resync", "force": true}}}
+	var steps []step
+	for i := range disks {
+		steps = append(steps, step{"block-job-cancel", map[string]any{"device": resyncJob(i), "force": true}})
+	}
 	for _, id := range []string{"compare_out0", "compare_out", "compare0-0", "compare0", "compare1", "mirror0"} {
 		steps = append(steps, step{"chardev-remove", map[string]any{"id": id}})
 	}

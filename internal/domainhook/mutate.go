@@ -1,14 +1,14 @@
 // Package domainhook turns the libvirt domain that KubeVirt's virt-launcher defines for a member
 // VMI into a COLO member, as internal/colo's launcher contract asks: lockstepd's monitor in the
-// member's directory, the replicated disk as a quorum (with, on a secondary, the replication
+// member's directory, each replicated disk as a quorum (with, on a secondary, the replication
 // chain over the replica and its active and hidden overlays), the VM's NIC in userspace with one
 // queue, and, on a secondary, the packet filters on that NIC and the incoming side of the
 // migration. It is pure: XML in, XML out.
 //
-// libvirt models none of the COLO parts, so they go into <qemu:commandline>. The guest's disk
-// device stays libvirt's (its address and model are libvirt's, the same on both members);
+// libvirt models none of the COLO parts, so they go into <qemu:commandline>. Each replicated
+// disk's device stays libvirt's (its address and model are libvirt's, the same on both members);
 // libvirt's backend of it is replaced by a read-only /dev/null (a host_device: QEMU's file driver
-// takes only regular files), and <qemu:override> points the device at the quorum, so that the
+// takes only regular files), and <qemu:override> points the device at its quorum, so that the
 // image is opened once, by the quorum.
 //
 // KubeVirt calls the hook more than once for one domain (docs/kubevirt.md, "The define
@@ -37,15 +37,18 @@ type Member struct {
 	Secondary bool
 	// Sockets is the member's directory as QEMU sees it, shared with the node's lockstepd.
 	Sockets colo.Sockets
-	// Disk is the disk to replicate.
-	Disk Disk
-	// Active and Hidden are a secondary's overlay disks (qcow2 images of the replicated disk's
-	// size, which KubeVirt makes for emptyDisk volumes); the hook takes them out of the guest's
-	// devices, on every member.
-	Active, Hidden Disk
+	// Disks are the disks to replicate, in the VMI's order: every persistent disk of the VM.
+	Disks []ReplicatedDisk
 	// Emulator, when set, replaces the domain's QEMU binary: a launcher image that carries
 	// lockstep's QEMU beside its own (hack/virt-launcher).
 	Emulator string
+}
+
+// ReplicatedDisk is a disk to replicate and its overlays: a secondary's active and hidden disks
+// (qcow2 images of the disk's size, which KubeVirt makes for emptyDisk volumes), which the hook
+// takes out of the guest's devices on every member.
+type ReplicatedDisk struct {
+	Disk, Active, Hidden Disk
 }
 
 // Disk is a disk of the VMI as the domain has it.
@@ -72,14 +75,19 @@ func Mutate(domainXML []byte, m Member) ([]byte, error) {
 	if d.Devices == nil {
 		return nil, errors.New("the domain has no devices")
 	}
-	if err := takeOverDisk(&d, m.Disk); err != nil {
-		return nil, err
+	if len(m.Disks) == 0 {
+		return nil, errors.New("a COLO member replicates at least one disk")
 	}
-	// The overlays are never guest disks: a member that has them (every member does, so that
-	// both VMIs have one spec) shows the guest the same devices as one that has not.
-	for _, o := range []Disk{m.Active, m.Hidden} {
-		if err := removeOverlay(&d, o); err != nil {
+	for _, rd := range m.Disks {
+		if err := takeOverDisk(&d, rd.Disk); err != nil {
 			return nil, err
+		}
+		// The overlays are never guest disks: a member that has them (every member does, so
+		// that both VMIs have one spec) shows the guest the same devices as one that has not.
+		for _, o := range []Disk{rd.Active, rd.Hidden} {
+			if err := removeOverlay(&d, o); err != nil {
+				return nil, err
+			}
 		}
 	}
 	netdev, err := userspaceNIC(&d)
@@ -87,21 +95,29 @@ func Mutate(domainXML []byte, m Member) ([]byte, error) {
 		return nil, err
 	}
 	args := colo.MonitorArgs(m.Sockets)
-	if !m.Secondary {
-		args = append(args, colo.PrimaryDiskArgs(m.Disk.Image, m.Disk.Format)...)
-	} else {
-		if m.Active.Image == "" || m.Hidden.Image == "" {
-			return nil, errors.New("a secondary needs its active and hidden overlays")
-		}
+	if m.Secondary {
 		args = append(args, colo.SecondaryNetArgs(m.Sockets, netdev)...)
-		args = append(args, colo.SecondaryDiskArgs(m.Disk.Image, m.Disk.Format, m.Active.Image, m.Hidden.Image)...)
+	}
+	for i, rd := range m.Disks {
+		if !m.Secondary {
+			args = append(args, colo.PrimaryDiskArgs(i, rd.Disk.Image, rd.Disk.Format)...)
+			continue
+		}
+		if rd.Active.Image == "" || rd.Hidden.Image == "" {
+			return nil, fmt.Errorf("a secondary needs the active and hidden overlays of disk %s", rd.Disk.Alias)
+		}
+		args = append(args, colo.SecondaryDiskArgs(i, rd.Disk.Image, rd.Disk.Format, rd.Active.Image, rd.Hidden.Image)...)
+	}
+	if m.Secondary {
 		args = append(args, colo.IncomingArgs(m.Sockets)...)
 	}
 	if m.Emulator != "" {
 		d.Devices.Emulator = m.Emulator
 	}
 	addArgs(&d, args)
-	overrideDisk(&d, m.Disk.Alias)
+	for i, rd := range m.Disks {
+		overrideDisk(&d, rd.Disk.Alias, colo.DiskNode(i))
+	}
 	out, err := d.Marshal()
 	if err != nil {
 		return nil, err
@@ -258,15 +274,15 @@ func containsRun(got, want []string) bool {
 	return false
 }
 
-// overrideDisk points the replicated disk's device at the quorum, replacing an earlier call's
+// overrideDisk points a replicated disk's device at its quorum node, replacing an earlier call's
 // override of it.
-func overrideDisk(d *libvirtxml.Domain, alias string) {
+func overrideDisk(d *libvirtxml.Domain, alias, node string) {
 	if d.QEMUOverride == nil {
 		d.QEMUOverride = &libvirtxml.DomainQEMUOverride{}
 	}
 	d.QEMUOverride.Devices = slices.DeleteFunc(d.QEMUOverride.Devices, func(o libvirtxml.DomainQEMUOverrideDevice) bool { return o.Alias == alias })
 	d.QEMUOverride.Devices = append(d.QEMUOverride.Devices, libvirtxml.DomainQEMUOverrideDevice{
 		Alias:    alias,
-		Frontend: libvirtxml.DomainQEMUOverrideFrontend{Properties: []libvirtxml.DomainQEMUOverrideProperty{{Name: "drive", Type: "string", Value: colo.DiskID}}},
+		Frontend: libvirtxml.DomainQEMUOverrideFrontend{Properties: []libvirtxml.DomainQEMUOverrideProperty{{Name: "drive", Type: "string", Value: node}}},
 	})
 }

@@ -18,17 +18,23 @@ import (
 // each was written).
 var references = []string{"q35-seabios.xml", "q35-ovmf.xml"}
 
-const (
-	rootImage   = "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"
-	activeImage = "/var/run/libvirt/empty-disks/colo-active.qcow2"
-	hiddenImage = "/var/run/libvirt/empty-disks/colo-hidden.qcow2"
-)
+// The reference VMI's replicated disks (both filesystem claims) and their overlays.
+var replicated = []struct{ name, active, hidden string }{{"rootdisk", "colo-active", "colo-hidden"}, {"datadisk", "colo-active-1", "colo-hidden-1"}}
+
+func claimImage(name string) string {
+	return "/var/run/kubevirt-private/vmi-disks/" + name + "/disk.img"
+}
+func emptyImage(name string) string { return "/var/run/libvirt/empty-disks/" + name + ".qcow2" }
 
 func member(secondary bool) domainhook.Member {
-	return domainhook.Member{Secondary: secondary, Sockets: colo.Sockets{Dir: "/var/run/lockstep/0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b"},
-		Disk:   domainhook.Disk{Alias: "ua-rootdisk", Image: rootImage, Format: "raw"},
-		Active: domainhook.Disk{Alias: "ua-colo-active", Image: activeImage, Format: "qcow2"},
-		Hidden: domainhook.Disk{Alias: "ua-colo-hidden", Image: hiddenImage, Format: "qcow2"}}
+	m := domainhook.Member{Secondary: secondary, Sockets: colo.Sockets{Dir: "/var/run/lockstep/0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b"}}
+	for _, r := range replicated {
+		m.Disks = append(m.Disks, domainhook.ReplicatedDisk{
+			Disk:   domainhook.Disk{Alias: "ua-" + r.name, Image: claimImage(r.name), Format: "raw"},
+			Active: domainhook.Disk{Alias: "ua-" + r.active, Image: emptyImage(r.active), Format: "qcow2"},
+			Hidden: domainhook.Disk{Alias: "ua-" + r.hidden, Image: emptyImage(r.hidden), Format: "qcow2"}})
+	}
+	return m
 }
 
 func reference(t *testing.T, name string) *libvirtxml.Domain {
@@ -134,16 +140,23 @@ func TestTheDefineSequenceGivesOneMemberDomain(t *testing.T) {
 }
 
 // checkMember checks a member's domain: lockstepd's monitor and the role's COLO arguments once
-// each, the replicated disk's device on a read-only placeholder pointed at the quorum, the
+// each, each replicated disk's device on a read-only placeholder pointed at its quorum, the
 // overlays out of the guest's devices, the other disks as they were, and the NIC in userspace
 // with one queue.
 func checkMember(t *testing.T, d *libvirtxml.Domain, m domainhook.Member) {
 	t.Helper()
 	a := args(d)
 	s := m.Sockets
-	want := [][]string{colo.MonitorArgs(s), colo.PrimaryDiskArgs(rootImage, "raw")}
+	want := [][]string{colo.MonitorArgs(s)}
 	if m.Secondary {
-		want = [][]string{colo.MonitorArgs(s), colo.SecondaryNetArgs(s, "hostua-vmnet"), colo.SecondaryDiskArgs(rootImage, "raw", activeImage, hiddenImage), colo.IncomingArgs(s)}
+		want = append(want, colo.SecondaryNetArgs(s, "hostua-vmnet"), colo.IncomingArgs(s))
+	}
+	for i, r := range replicated {
+		if m.Secondary {
+			want = append(want, colo.SecondaryDiskArgs(i, claimImage(r.name), "raw", emptyImage(r.active), emptyImage(r.hidden)))
+		} else {
+			want = append(want, colo.PrimaryDiskArgs(i, claimImage(r.name), "raw"))
+		}
 	}
 	for _, w := range want {
 		if !containsRun(a, w) {
@@ -156,21 +169,23 @@ func checkMember(t *testing.T, d *libvirtxml.Domain, m domainhook.Member) {
 	if !m.Secondary && slices.ContainsFunc(a, func(x string) bool { return x == "-incoming" || strings.Contains(x, "filter-") }) {
 		t.Errorf("a primary got a secondary's arguments: %v", a)
 	}
-	root := disk(d, "ua-rootdisk")
-	if root == nil || root.Source.Block == nil || root.Source.Block.Dev != "/dev/null" || root.ReadOnly == nil || root.Target.Dev != "vda" {
-		t.Fatalf("the replicated disk's device: %+v", root)
+	if d.QEMUOverride == nil || len(d.QEMUOverride.Devices) != len(replicated) {
+		t.Fatal("not one override of each replicated disk's device")
 	}
-	if d.QEMUOverride == nil || len(d.QEMUOverride.Devices) != 1 {
-		t.Fatal("no single override of the disk's device")
+	for i, r := range replicated {
+		dev := disk(d, "ua-"+r.name)
+		if dev == nil || dev.Source.Block == nil || dev.Source.Block.Dev != "/dev/null" || dev.ReadOnly == nil || dev.Target.Dev != "vd"+string(rune('a'+i)) {
+			t.Fatalf("the replicated disk %s's device: %+v", r.name, dev)
+		}
+		o := d.QEMUOverride.Devices[i]
+		if o.Alias != "ua-"+r.name || len(o.Frontend.Properties) != 1 || o.Frontend.Properties[0] != (libvirtxml.DomainQEMUOverrideProperty{Name: "drive", Type: "string", Value: colo.DiskNode(i)}) {
+			t.Fatalf("the override of %s: %+v", r.name, o)
+		}
+		if disk(d, "ua-"+r.active) != nil || disk(d, "ua-"+r.hidden) != nil {
+			t.Errorf("the overlays of %s are guest disks", r.name)
+		}
 	}
-	o := d.QEMUOverride.Devices[0]
-	if o.Alias != "ua-rootdisk" || len(o.Frontend.Properties) != 1 || o.Frontend.Properties[0] != (libvirtxml.DomainQEMUOverrideProperty{Name: "drive", Type: "string", Value: colo.DiskID}) {
-		t.Fatalf("the override: %+v", o)
-	}
-	if disk(d, "ua-colo-active") != nil || disk(d, "ua-colo-hidden") != nil {
-		t.Error("the overlays are guest disks")
-	}
-	if ci := disk(d, "ua-cloudinit"); ci == nil || ci.Source.File == nil || ci.Source.File.File != "/var/run/libvirt/cloud-init-dir/demo/counter-1/noCloud.iso" || len(d.Devices.Disks) != 2 {
+	if ci := disk(d, "ua-cloudinit"); ci == nil || ci.Source.File == nil || ci.Source.File.File != "/var/run/libvirt/cloud-init-dir/demo/counter-1/noCloud.iso" || len(d.Devices.Disks) != 3 {
 		t.Errorf("the other disks changed: %d disks, cloudinit %+v", len(d.Devices.Disks), ci)
 	}
 	if len(d.Devices.Interfaces) != 1 {
@@ -219,19 +234,24 @@ func TestMutate(t *testing.T) {
 		m    func(*domainhook.Member)
 		want string
 	}{
-		{"no such disk", nil, func(m *domainhook.Member) { m.Disk.Alias = "ua-data" }, `no disk "ua-data" (it has ua-rootdisk, ua-cloudinit, ua-colo-active, ua-colo-hidden)`},
+		{"no such disk", nil, func(m *domainhook.Member) { m.Disks[0].Disk.Alias = "ua-data" },
+			`no disk "ua-data" (it has ua-rootdisk, ua-datadisk, ua-cloudinit, ua-colo-active, ua-colo-hidden, ua-colo-active-1, ua-colo-hidden-1)`},
+		{"no disk to replicate", nil, func(m *domainhook.Member) { m.Disks = nil }, "at least one disk"},
 		{"a disk elsewhere than KubeVirt puts it", func(x string) string {
 			return strings.Replace(x, "vmi-disks/rootdisk/disk.img", "elsewhere/disk.img", 1)
-		}, nil, "the hook expects the raw image " + rootImage},
-		{"a secondary without its overlays", nil, func(m *domainhook.Member) { m.Secondary, m.Active = true, domainhook.Disk{} }, "needs its active and hidden overlays"},
+		}, nil, "the hook expects the raw image " + claimImage("rootdisk")},
+		{"a second disk elsewhere", func(x string) string {
+			return strings.Replace(x, "vmi-disks/datadisk/disk.img", "elsewhere/disk.img", 1)
+		}, nil, "the hook expects the raw image " + claimImage("datadisk")},
+		{"a secondary without its overlays", nil, func(m *domainhook.Member) { m.Secondary, m.Disks[1].Active = true, domainhook.Disk{} }, "overlays of disk ua-datadisk"},
 		{"raw overlays", func(x string) string {
 			return strings.Replace(x, `type="qcow2"`, `type="raw"`, 1)
-		}, func(m *domainhook.Member) { m.Active.Format = "raw" }, "COLO's overlays must be qcow2"},
+		}, func(m *domainhook.Member) { m.Disks[0].Active.Format = "raw" }, "COLO's overlays must be qcow2"},
 		{"two NICs", func(x string) string {
 			return strings.Replace(x, "<interface", `<interface type="ethernet"><alias name="ua-second"></alias></interface><interface`, 1)
 		}, nil, "one NIC; the domain has 2"},
 		{"a block volume", func(x string) string {
-			return strings.Replace(x, `<source file="`+rootImage+`"></source>`, `<source dev="/dev/rootdisk"></source>`, 1)
+			return strings.Replace(x, `<source file="`+claimImage("datadisk")+`"></source>`, `<source dev="/dev/datadisk"></source>`, 1)
 		}, nil, "not backed by a file"},
 		{"a SATA disk", func(x string) string { return strings.Replace(x, `dev="vda" bus="virtio"`, `dev="sda" bus="sata"`, 1) }, nil, "only a virtio disk"},
 		{"a directory too deep for socket paths", nil, func(m *domainhook.Member) { m.Sockets = colo.Sockets{Dir: "/" + strings.Repeat("d", 100)} }, "107"},

@@ -84,19 +84,21 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 	if vmi.UID == "" {
 		return domainhook.Member{}, false, fmt.Errorf("member %s/%s has no UID, which names its directory", vmi.Namespace, vmi.Name)
 	}
-	disk := vmi.Annotations[ftv1.AnnotationReplicatedDisk]
-	if disk == "" {
+	disks := member.ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk])
+	if len(disks) == 0 {
 		var err error
-		if disk, err = member.ReplicatedDisk(&vmi.Spec); err != nil {
+		if disks, err = member.ReplicatedDisks(&vmi.Spec); err != nil {
 			return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
 		}
 	}
-	return domainhook.Member{
+	m := domainhook.Member{
 		Secondary: role == ftv1.RoleSecondary,
 		Sockets:   colo.Sockets{Dir: filepath.Join(h.RunDir, string(vmi.UID))},
-		Disk:      claimDisk(disk),
-		Active:    emptyDisk(ftv1.DiskColoActive),
-		Hidden:    emptyDisk(ftv1.DiskColoHidden),
 		Emulator:  h.Emulator,
-	}, true, nil
+	}
+	for i, disk := range disks {
+		active, hidden := member.Overlays(i)
+		m.Disks = append(m.Disks, domainhook.ReplicatedDisk{Disk: claimDisk(disk), Active: emptyDisk(active), Hidden: emptyDisk(hidden)})
+	}
+	return m, true, nil
 }

@@ -31,15 +31,19 @@ func vmiJSON(t *testing.T, role string) []byte {
 		Spec: virtv1.VirtualMachineInstanceSpec{
 			Domain: virtv1.DomainSpec{Devices: virtv1.Devices{Disks: []virtv1.Disk{
 				{Name: "cloudinitdisk", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}},
-				{Name: "rootdisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden},
+				{Name: "rootdisk"}, {Name: "datadisk"}, {Name: ftv1.DiskColoActive}, {Name: ftv1.DiskColoHidden}, {Name: "colo-active-1"}, {Name: "colo-hidden-1"},
 			}}},
-			// No replicated-disk annotation: the hook picks the disk as the operator would.
+			// No replicated-disk annotation: the hook picks the disks as the operator would.
 			Volumes: []virtv1.Volume{
 				{Name: "cloudinitdisk", VolumeSource: virtv1.VolumeSource{CloudInitNoCloud: &virtv1.CloudInitNoCloudSource{UserData: "#cloud-config"}}},
 				{Name: "rootdisk", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
 					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-1-root"}}}},
+				{Name: "datadisk", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-1-data"}}}},
 				{Name: ftv1.DiskColoActive, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
 				{Name: ftv1.DiskColoHidden, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
+				{Name: "colo-active-1", VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
+				{Name: "colo-hidden-1", VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}},
 			},
 		},
 	}
@@ -109,7 +113,8 @@ func TestBothKubeVirtInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := string(out.DomainXML)
-	for _, want := range []string{"/var/run/lockstep/0c4e2f1a/qmp.sock", "-incoming", "filter-redirector", `alias="ua-rootdisk"`} {
+	for _, want := range []string{"/var/run/lockstep/0c4e2f1a/qmp.sock", "-incoming", "filter-redirector", `alias="ua-rootdisk"`, `alias="ua-datadisk"`,
+		"id=colo-disk1,driver=quorum", "vmi-disks/datadisk/disk.img", "empty-disks/colo-active-1.qcow2"} {
 		if !strings.Contains(x, want) {
 			t.Errorf("the secondary's domain lacks %s:\n%s", want, x)
 		}

@@ -3,6 +3,8 @@ package member
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -33,32 +35,34 @@ const HookSidecarsAnnotation = "hooks.kubevirt.io/hookSidecars"
 const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 
 // applyCOLO adds to a member's VMI what the KubeVirt hook reads and COLO needs:
-//   - the replicated disk, named in AnnotationReplicatedDisk;
-//   - the two overlays, DiskColoActive and DiskColoHidden: emptyDisk volumes of the replicated
-//     disk's size, on every member so that both VMIs keep one spec (the hook never shows them
-//     to the guest);
+//   - the replicated disks, every persistent disk of the VM, named in AnnotationReplicatedDisk;
+//   - each one's two overlays (Overlays): emptyDisk volumes of its size, on every member so that
+//     both VMIs keep one spec (the hook never shows them to the guest);
 //   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
 //     KubeVirt nor libvirt may resume it; and its RAM cache in its memory reservation;
 //   - the guest's CPU model, when the template names none and one is configured;
 //   - the hook sidecar, when an image is configured.
 func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	spec := &vmi.Spec
-	disk, err := ReplicatedDisk(spec)
+	disks, err := ReplicatedDisks(spec)
 	if err != nil {
 		return err
 	}
-	size, ok := m.DiskSizes[disk]
-	if !ok || size.IsZero() {
-		return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
-	}
-	vmi.Annotations[ftv1.AnnotationReplicatedDisk] = disk
 	if err := sameCPU(spec, c.CPUModel); err != nil {
 		return err
 	}
-	for _, name := range []string{ftv1.DiskColoActive, ftv1.DiskColoHidden} {
-		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, virtv1.Disk{Name: name, DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}})
-		spec.Volumes = append(spec.Volumes, virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{Capacity: size.DeepCopy()}}})
+	for i, disk := range disks {
+		size, ok := m.DiskSizes[disk]
+		if !ok || size.IsZero() {
+			return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
+		}
+		active, hidden := Overlays(i)
+		for _, name := range []string{active, hidden} {
+			spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, virtv1.Disk{Name: name, DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}})
+			spec.Volumes = append(spec.Volumes, virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{Capacity: size.DeepCopy()}}})
+		}
 	}
+	vmi.Annotations[ftv1.AnnotationReplicatedDisk] = strings.Join(disks, ",")
 	if m.Role == ftv1.RoleSecondary {
 		paused := virtv1.StartStrategyPaused
 		spec.StartStrategy = &paused
@@ -107,18 +111,46 @@ func sameCPU(spec *virtv1.VirtualMachineInstanceSpec, model string) error {
 	return nil
 }
 
-// ReplicatedDisk is the disk COLO replicates (a disk is named as its volume): the first volume
-// backed by a claim whose disk (KubeVirt gives a volume without one a disk) is not a CD-ROM. The
-// operator names it in AnnotationReplicatedDisk; the KubeVirt hook falls back to it.
-func ReplicatedDisk(spec *virtv1.VirtualMachineInstanceSpec) (string, error) {
+// ReplicatedDisks are the disks COLO replicates (a disk is named as its volume), in the order of
+// the volumes: every volume backed by a claim whose disk (KubeVirt gives a volume without one a
+// disk) is not a CD-ROM. The operator names them in AnnotationReplicatedDisk; the KubeVirt hook
+// falls back to them.
+func ReplicatedDisks(spec *virtv1.VirtualMachineInstanceSpec) ([]string, error) {
 	cdrom := map[string]bool{}
 	for _, d := range spec.Domain.Devices.Disks {
 		cdrom[d.Name] = d.CDRom != nil
 	}
+	var disks []string
 	for _, v := range spec.Volumes {
 		if v.PersistentVolumeClaim != nil && !cdrom[v.Name] {
-			return v.Name, nil
+			disks = append(disks, v.Name)
 		}
 	}
-	return "", fmt.Errorf("COLO replicates a disk on a PersistentVolumeClaim; the template has none")
+	if len(disks) == 0 {
+		return nil, fmt.Errorf("COLO replicates the disks on PersistentVolumeClaims; the template has none")
+	}
+	return disks, nil
+}
+
+// ParseReplicatedDisks reads AnnotationReplicatedDisk: the replicated disks, comma-separated (a
+// member made before every disk was replicated names one).
+func ParseReplicatedDisks(annotation string) []string {
+	var disks []string
+	for _, d := range strings.Split(annotation, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			disks = append(disks, d)
+		}
+	}
+	return disks
+}
+
+// Overlays are the names of the i-th replicated disk's overlay volumes, active and hidden: those
+// of the first are DiskColoActive and DiskColoHidden (as members had them when only one disk was
+// replicated), the others' carry the index.
+func Overlays(i int) (active, hidden string) {
+	if i == 0 {
+		return ftv1.DiskColoActive, ftv1.DiskColoHidden
+	}
+	n := "-" + strconv.Itoa(i)
+	return ftv1.DiskColoActive + n, ftv1.DiskColoHidden + n
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	virtv1 "kubevirt.io/api/core/v1"
 
@@ -19,10 +20,11 @@ func TestCOLOMembers(t *testing.T) {
 	ftvm := testFTVM()
 	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
 	opts := Options{COLO: COLO{Enabled: true, HookSidecarImage: "ghcr.io/lockstep-dev/lockstep-operator:dev", RunDir: "/var/run/lockstep", CPUModel: "Skylake-Server"}}
-	disk, err := ReplicatedDisk(&tmpl.Spec)
+	disks, err := ReplicatedDisks(&tmpl.Spec)
 	if err != nil {
 		t.Fatal(err)
 	}
+	disk := disks[0]
 	volume := disk
 	size := resource.MustParse("10Gi")
 	build := func(role string) *virtv1.VirtualMachineInstance {
@@ -85,5 +87,46 @@ func TestCOLOMembers(t *testing.T) {
 	}
 	if _, err := Build(ftvm, tmpl, Member{Role: ftv1.RolePrimary, Node: "n1"}, opts); err == nil || !strings.Contains(err.Error(), "whose claim's size is not known") {
 		t.Errorf("a disk of unknown size: %v", err)
+	}
+}
+
+// TestEveryClaimIsReplicated: a template with two claims (and a CD-ROM on a third, which is not
+// replicated) gets both named in order for the hook, each with its own overlays at its own size:
+// before, only the first was replicated and the secondary's copy of the second stayed blank.
+func TestEveryClaimIsReplicated(t *testing.T) {
+	ftvm := testFTVM()
+	claim := func(name, claim string) virtv1.Volume {
+		return virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}
+	}
+	ftvm.Spec.Template.Spec.Volumes = append(ftvm.Spec.Template.Spec.Volumes, claim("installer", "db-installer"), claim("data", "db-data"))
+	ftvm.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root"}, {Name: "installer", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}}, {Name: "data"}}
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	sizes := map[string]resource.Quantity{"root": resource.MustParse("10Gi"), "data": resource.MustParse("50Gi")}
+	vmi, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", Since: time.Unix(0, 0), DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := vmi.Annotations[ftv1.AnnotationReplicatedDisk]; got != "root,data" {
+		t.Errorf("replicated disks %q, want \"root,data\"", got)
+	}
+	if got := ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk]); len(got) != 2 || got[0] != "root" || got[1] != "data" {
+		t.Errorf("parsed back: %v", got)
+	}
+	want := map[string]string{"colo-active": "10Gi", "colo-hidden": "10Gi", "colo-active-1": "50Gi", "colo-hidden-1": "50Gi"}
+	for _, v := range vmi.Spec.Volumes {
+		if size, ok := want[v.Name]; ok {
+			if v.EmptyDisk == nil || v.EmptyDisk.Capacity.String() != size {
+				t.Errorf("overlay %s: %+v, want an emptyDisk of %s", v.Name, v.VolumeSource, size)
+			}
+			delete(want, v.Name)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("overlays missing: %v", want)
+	}
+	delete(sizes, "data")
+	if _, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}}); err == nil || !strings.Contains(err.Error(), `"data"`) {
+		t.Errorf("a second claim of unknown size: %v, want an error that names it", err)
 	}
 }

@@ -29,7 +29,8 @@ func generatesKubeVirtsDomain(t *testing.T, reference string, efi bool) {
 	}
 	spec := DomainSpec{Name: "demo_counter-1", UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
 		VM: colo.VM{MemoryMB: 1024, Tap: "tap0", MAC: "02:6c:73:00:00:01"}, VCPUs: 2, Interface: "vmnet",
-		Disks: []Disk{{Name: "rootdisk", Kind: Claim}, {Name: "cloudinit", Kind: NoCloud}, {Name: "colo-active", Kind: EmptyDisk}, {Name: "colo-hidden", Kind: EmptyDisk}}, EFI: efi}
+		Disks: []Disk{{Name: "rootdisk", Kind: Claim}, {Name: "datadisk", Kind: Claim}, {Name: "cloudinit", Kind: NoCloud},
+			{Name: "colo-active", Kind: EmptyDisk}, {Name: "colo-hidden", Kind: EmptyDisk}, {Name: "colo-active-1", Kind: EmptyDisk}, {Name: "colo-hidden-1", Kind: EmptyDisk}}, EFI: efi}
 	gen := KubeVirtDomain(spec)
 	// KubeVirt's metadata is opaque XML to libvirtxml: compared without its indentation.
 	bare := func(d *libvirtxml.Domain) string { return strings.Join(strings.Fields(d.Metadata.XML), "") }

@@ -38,10 +38,15 @@ type guest struct {
 	debian bool
 	vcpus  int
 	efi    bool // OVMF, not SeaBIOS
+	// dataDisk: a second claim, which the busybox guest writes each count to as well: COLO must
+	// replicate both disks, and after a failover each holds the last acknowledged count.
+	dataDisk bool
 }
 
 var (
 	busybox = guest{}
+	// busyboxTwoDisks is the busybox guest with a data disk beside its root disk.
+	busyboxTwoDisks = guest{dataDisk: true}
 	// debian is the real guest in KubeVirt's domain, with two vCPUs as a template with
 	// cpu.cores 2 has them.
 	debian = guest{debian: true, vcpus: 2}
@@ -52,7 +57,7 @@ var (
 // protectedPairOf is protectedPair with the guest g, and the cluster set up by setup.
 func protectedPairOf(t *testing.T, nodes int, on stack, g guest, setup ...func(*cluster)) (*cluster, *client, *member, *member) {
 	c := newCluster(t, nodes)
-	c.viaLibvirt, c.vcpus, c.efi = bool(on), g.vcpus, g.efi
+	c.viaLibvirt, c.vcpus, c.efi, c.dataDisk = bool(on), g.vcpus, g.efi, g.dataDisk
 	for _, f := range setup {
 		f(c)
 	}
@@ -135,8 +140,9 @@ func failedOver(t *testing.T, c *cluster, cl *client, p, s *member, lost time.Ti
 }
 
 // TestColoFailoverOnKillOfThePrimaryQEMU: kill -9 of the primary's QEMU. Its lockstepd lives on
-// and fences its side; the secondary hears nothing more, wins the Lease and goes live.
-func TestColoFailoverOnKillOfThePrimaryQEMU(t *testing.T) { failoverOnKill(t, direct, busybox) }
+// and fences its side; the secondary hears nothing more, wins the Lease and goes live. The VM has
+// two disks: both must hold the last acknowledged count on the secondary.
+func TestColoFailoverOnKillOfThePrimaryQEMU(t *testing.T) { failoverOnKill(t, direct, busyboxTwoDisks) }
 
 func failoverOnKill(t *testing.T, on stack, g guest) {
 	c, cl, p, s := protectedPairOf(t, 2, on, g)
@@ -158,12 +164,12 @@ func failoverOnNodeLoss(t *testing.T, on stack, g guest) {
 }
 
 // TestColoReprotectionSurvivesASecondFailure: after the primary's node is lost, the live VM is
-// protected again with a new secondary on a third node (disk resync, migration into COLO), and
-// survives the loss of its QEMU too.
+// protected again with a new secondary on a third node (both disks resynced, migration into
+// COLO), and survives the loss of its QEMU too; every disk holds the last count.
 func TestColoReprotectionSurvivesASecondFailure(t *testing.T) { reprotection(t, direct) }
 
 func reprotection(t *testing.T, on stack) {
-	c, cl, p, s := protectedPair(t, 3, on)
+	c, cl, p, s := protectedPairOf(t, 3, on, busyboxTwoDisks)
 	lost := time.Now()
 	c.crashNode(p.node)
 	failedOver(t, c, cl, p, s, lost, "loss of the primary's node")

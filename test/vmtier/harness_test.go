@@ -90,6 +90,8 @@ type cluster struct {
 	// busybox counter guest.
 	debian *debianGuest
 	efi    bool // the guest boots with OVMF (on the libvirt stack), not SeaBIOS
+	// dataDisk gives the VM a second claim, which the guest writes each count to as well.
+	dataDisk bool
 	// secondaryWithoutRAMCache reserves a secondary's memory as a primary's, without its RAM
 	// cache (on the libvirt stack): what KubeVirt then gives its launcher.
 	secondaryWithoutRAMCache bool
@@ -340,16 +342,21 @@ func (c *cluster) launch(m *member) {
 		m.vm, size = c.debian.vm(c.qemu, m.dir, "launcher"), fmt.Sprint(c.debian.size)
 	}
 	m.vm.Sockets = colo.Sockets{Dir: m.dir}
-	file := func(f string) string { return filepath.Join(m.dir, f) }
-	// The claim's image and the secondary's copy are raw, as KubeVirt's disk.img on a filesystem
-	// claim; the overlays qcow2, as its emptyDisks. A primary of the Debian guest runs on a copy
-	// of its image.
-	for img, format := range map[string]string{"disk.img": "raw", "parent.img": "raw", "active.qcow2": "qcow2", "hidden.qcow2": "qcow2"} {
-		if img == "disk.img" && m.spec.Primary && c.debian != nil {
-			c.debian.copyDisk(t, file(img))
-			continue
+	// Each disk's claim image and the secondary's copy are raw, as KubeVirt's disk.img on a
+	// filesystem claim; the overlays qcow2, as its emptyDisks. A primary of the Debian guest runs
+	// on a copy of its image; a data disk is blank.
+	for i, d := range m.disks(c) {
+		sz := size
+		if i > 0 {
+			sz = diskSize
 		}
-		qemuImg(t, c.qemu, "create", "-f", format, file(img), size)
+		for img, format := range map[string]string{d.image: "raw", d.Parent: "raw", d.Active: "qcow2", d.Hidden: "qcow2"} {
+			if img == d.image && i == 0 && m.spec.Primary && c.debian != nil {
+				c.debian.copyDisk(t, img)
+				continue
+			}
+			qemuImg(t, c.qemu, "create", "-f", format, img, sz)
+		}
 	}
 	if c.viaLibvirt {
 		c.launchLibvirt(m)
@@ -368,13 +375,38 @@ func (c *cluster) launch(m *member) {
 	t.Cleanup(func() { _ = q.Close() })
 }
 
+// memberDisk is one of a member's disks: the image of its claim (on a primary; a secondary's copy
+// is Parent, with its overlays).
+type memberDisk struct {
+	name  string // the VMI's disk
+	image string
+	colo.SecondaryDisk
+}
+
+// disks are the member's disks, in the VMI's order: the root disk (the guest's counter), and with
+// dataDisk a second claim, which the guest writes each count to as well.
+func (m *member) disks(c *cluster) []memberDisk {
+	file := func(f string) string { return filepath.Join(m.dir, f) }
+	disks := []memberDisk{{name: "rootdisk", image: file("disk.img"), SecondaryDisk: colo.SecondaryDisk{Parent: file("parent.img"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2")}}}
+	if c.dataDisk {
+		disks = append(disks, memberDisk{name: "datadisk", image: file("data.img"),
+			SecondaryDisk: colo.SecondaryDisk{Parent: file("data-parent.img"), Active: file("active-1.qcow2"), Hidden: file("hidden-1.qcow2")}})
+	}
+	return disks
+}
+
 // launchDirect runs the member's QEMU as the test's own child.
 func (c *cluster) launchDirect(m *member) {
 	t := c.t
 	file := func(f string) string { return filepath.Join(m.dir, f) }
-	args := colo.SecondaryArgs(m.vm, file("parent.img"), file("active.qcow2"), file("hidden.qcow2"))
+	var secondary []colo.SecondaryDisk
+	var primary []string
+	for _, d := range m.disks(c) {
+		secondary, primary = append(secondary, d.SecondaryDisk), append(primary, d.image)
+	}
+	args := colo.SecondaryArgs(m.vm, secondary)
 	if m.spec.Primary {
-		args = colo.PrimaryArgs(m.vm, file("disk.img"))
+		args = colo.PrimaryArgs(m.vm, primary)
 	}
 	args = append(args, c.diagnostics(m, "hn0")...)
 	m.qemuLog = file("qemu.log")
@@ -616,9 +648,9 @@ func (cl *client) serveFor(what string, d time.Duration) {
 
 var sector = regexp.MustCompile(`count=(\d+)`)
 
-// checkDisk reads the counter's sector of the VM's disk as QEMU's block layer on m has it (not the guest's
-// page cache): m exports its disk read-only over NBD, and qemu-io reads it. It must hold the
-// last acknowledged count.
+// checkDisk reads the counter's sector of each of the VM's disks as QEMU's block layer on m has
+// it (not the guest's page cache): m exports each disk read-only over NBD, and qemu-io reads it.
+// Each must hold the last acknowledged count.
 func (cl *client) checkDisk(m *member) {
 	t := cl.c.t
 	t.Helper()
@@ -629,30 +661,33 @@ func (cl *client) checkDisk(m *member) {
 		t.Fatal(err)
 	}
 	defer func() { _ = m.launcher.Execute(ctx, "nbd-server-stop", nil, nil) }()
-	if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": "colo-disk0", "name": "check", "writable": false}, nil); err != nil {
-		t.Fatal(err)
-	}
-	offset := 0 // the busybox guest's counter is sector 0 of the disk; the Debian guest's, of a partition
-	if cl.c.debian != nil {
-		offset = debianCounterOffset
-	}
-	out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
-		"nbd+unix:///check?socket="+sock, "-c", fmt.Sprintf("read -v %d 16", offset)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("qemu-io: %v\n%s", err, out)
-	}
-	// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
-	var ascii strings.Builder
-	for _, line := range strings.Split(string(out), "\n") {
-		if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, fmt.Sprintf("%08x", offset)) {
-			ascii.WriteString(line[i+2:])
+	for i, d := range m.disks(cl.c) {
+		offset := 0 // the busybox guest's counter is sector 0 of each disk; the Debian guest's, of a partition of its root disk
+		if cl.c.debian != nil && i == 0 {
+			offset = debianCounterOffset
 		}
+		name := fmt.Sprintf("check%d", i)
+		if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": colo.DiskNode(i), "name": name, "writable": false}, nil); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
+			"nbd+unix:///"+name+"?socket="+sock, "-c", fmt.Sprintf("read -v %d 16", offset)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("qemu-io: %v\n%s", err, out)
+		}
+		// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
+		var ascii strings.Builder
+		for _, line := range strings.Split(string(out), "\n") {
+			if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, fmt.Sprintf("%08x", offset)) {
+				ascii.WriteString(line[i+2:])
+			}
+		}
+		got := sector.FindStringSubmatch(strings.Replace(ascii.String(), "count.", "count=", 1))
+		if got == nil || got[1] != fmt.Sprint(cl.last) {
+			t.Fatalf("the %s's counter on %s reads %q, want count=%d", d.name, m.name, out, cl.last)
+		}
+		t.Logf("the %s on %s holds count=%s", d.name, m.name, got[1])
 	}
-	got := sector.FindStringSubmatch(strings.Replace(ascii.String(), "count.", "count=", 1))
-	if got == nil || got[1] != fmt.Sprint(cl.last) {
-		t.Fatalf("the disk's sector 0 on %s reads %q, want count=%d", m.name, out, cl.last)
-	}
-	t.Logf("the disk on %s holds count=%s", m.name, got[1])
 }
 
 // qemuImg runs qemu-img (to make the members' disk images).

@@ -48,15 +48,22 @@ func (c *cluster) launchLibvirt(m *member) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(state) })
-	disk := file("disk.img")
-	if !m.spec.Primary {
-		disk = file("parent.img") // the secondary's copy of the disk, which protection resyncs
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	extra := c.diagnostics(m, "hostua-default") // libvirt's netdev for the NIC of alias ua-default
 	vmi := c.launcherVMI(m)
-	disks := []virtlauncher.Disk{{Name: "rootdisk", Kind: virtlauncher.Claim, File: disk}}
+	// The disks in the VMI's order: its claims (a secondary's copies, which protection resyncs),
+	// the NoCloud ISO, then each claim's overlays.
+	var disks, overlays []virtlauncher.Disk
+	for i, d := range m.disks(c) {
+		image := d.image
+		if !m.spec.Primary {
+			image = d.Parent
+		}
+		active, hidden := ftmember.Overlays(i)
+		disks = append(disks, virtlauncher.Disk{Name: d.name, Kind: virtlauncher.Claim, File: image})
+		overlays = append(overlays, virtlauncher.Disk{Name: active, Kind: virtlauncher.EmptyDisk, File: d.Active}, virtlauncher.Disk{Name: hidden, Kind: virtlauncher.EmptyDisk, File: d.Hidden})
+	}
 	if c.debian != nil { // its NoCloud ISO, as the launcher writes it from the VMI
 		iso := file("noCloud.iso")
 		if err := virtlauncher.NoCloudISO(vmi, "cloudinit", iso); err != nil {
@@ -64,8 +71,7 @@ func (c *cluster) launchLibvirt(m *member) {
 		}
 		disks = append(disks, virtlauncher.Disk{Name: "cloudinit", Kind: virtlauncher.NoCloud, File: iso})
 	}
-	disks = append(disks, virtlauncher.Disk{Name: ftv1.DiskColoActive, Kind: virtlauncher.EmptyDisk, File: file("active.qcow2")},
-		virtlauncher.Disk{Name: ftv1.DiskColoHidden, Kind: virtlauncher.EmptyDisk, File: file("hidden.qcow2")})
+	disks = append(disks, overlays...)
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: vmi,
 		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: firmwareUUID, VMIUID: m.spec.UID, VCPUs: c.vcpus,
@@ -117,7 +123,7 @@ const firmwareUUID = "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a"
 // launcherVMI is the member's VMI as virt-launcher has it: built by the operator's own code
 // (ftmember.Build, with COLO) from the pair's template, then given the member's name and the UID
 // that names its directory. The template is the test's VM: its firmware UUID, the guest's memory
-// and vCPUs, the root disk on a claim and (with the Debian guest) its cloudInitNoCloud volume, so
+// and vCPUs, its claims (the root disk, and with dataDisk a second) and (with the Debian guest) its cloudInitNoCloud volume, so
 // that the VMI carries the reservations the operator gives a member of its role (a secondary's
 // RAM cache among them), which the launcher's memory cgroup enforces.
 func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
@@ -132,17 +138,21 @@ func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
 		Firmware: &virtv1.Firmware{UUID: types.UID(firmwareUUID)},
 		CPU:      &virtv1.CPU{Cores: uint32(max(c.vcpus, 1))},
 		Memory:   &virtv1.Memory{Guest: &guest},
-		Devices:  virtv1.Devices{Disks: []virtv1.Disk{{Name: "rootdisk"}}}},
-		Volumes: []virtv1.Volume{{Name: "rootdisk", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
-			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-root"}}}}},
-	}}
+	}}}
+	sizes := map[string]resource.Quantity{}
+	for _, d := range m.disks(c) {
+		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: d.name})
+		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, virtv1.Volume{Name: d.name, VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-" + d.name}}}})
+		sizes[d.name] = resource.MustParse("1Gi")
+	}
 	if c.debian != nil {
 		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: "cloudinit"})
 		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, c.debian.cloudInit(t, c.vmAddr))
 	}
 	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pair, UID: "3b0c5a8e-vmtier"}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
 	vmi, err := ftmember.Build(ftvm, ftmember.Normalize(ftvm.UID, tmpl), ftmember.Member{Role: role, Node: m.node.name,
-		Claims: map[string]string{"rootdisk": m.name + "-root"}, DiskSizes: map[string]resource.Quantity{"rootdisk": resource.MustParse("1Gi")}, Since: time.Now()},
+		DiskSizes: sizes, Since: time.Now()},
 		ftmember.Options{COLO: ftmember.COLO{Enabled: true}})
 	if err != nil {
 		t.Fatal(err)
