@@ -140,7 +140,7 @@ func main() {
 	}
 	ready := healthz.Ping
 	if webhooks {
-		if err := admission.Setup(mgr, admission.Options{Limits: limits, DefaultLogBandwidthMbps: cfg.DefaultLogBandwidthMbps, RAMCache: cfg.Member.COLO.Enabled}); err != nil {
+		if err := admission.Setup(mgr, admission.Options{Limits: limits, DefaultLogBandwidthMbps: cfg.DefaultLogBandwidthMbps, COLO: cfg.Member.COLO.Enabled}); err != nil {
 			setupLog.Error(err, "setting up the webhooks")
 			os.Exit(1)
 		}

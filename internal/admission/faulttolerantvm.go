@@ -45,15 +45,16 @@ type FaultTolerantVMValidator struct {
 	Limits placement.Limits
 	// DefaultLogBandwidthMbps is reserved for a VM without spec.expectedLoad.
 	DefaultLogBandwidthMbps int
-	// RAMCache: members are COLO members, whose secondary reserves the guest's memory twice.
-	RAMCache bool
+	// COLO: members are COLO members (--colo): every disk that holds state must be on a claim
+	// (validation.ValidateCOLO), and the secondary reserves the guest's memory twice.
+	COLO bool
 }
 
 var _ admission.Validator[*ftv1.FaultTolerantVM] = &FaultTolerantVMValidator{}
 
 // ValidateCreate runs every rule.
 func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (admission.Warnings, error) {
-	errs := validation.Validate(ftvm)
+	errs := v.validate(ftvm)
 	netErrs, warnings, err := v.loggingNetwork(ctx, ftvm)
 	if err != nil {
 		return nil, err
@@ -74,7 +75,7 @@ func (v *FaultTolerantVMValidator) ValidateUpdate(ctx context.Context, old, ftvm
 	if !ftvm.DeletionTimestamp.IsZero() {
 		return nil, nil
 	}
-	errs := newErrors(validation.Validate(old), validation.Validate(ftvm))
+	errs := newErrors(v.validate(old), v.validate(ftvm))
 	errs = append(errs, validation.ValidateUpdate(old, ftvm)...)
 	var warnings admission.Warnings
 	if old.Spec.LoggingNetwork != ftvm.Spec.LoggingNetwork {
@@ -92,6 +93,15 @@ func (v *FaultTolerantVMValidator) ValidateUpdate(ctx context.Context, old, ftvm
 		errs, warnings = append(errs, roomErrs...), append(warnings, w...)
 	}
 	return warnings, invalid(ftvm, errs)
+}
+
+// validate is every rule that reads nothing but the object: COLO's too, with COLO members.
+func (v *FaultTolerantVMValidator) validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
+	errs := validation.Validate(ftvm)
+	if v.COLO {
+		errs = append(errs, validation.ValidateCOLO(ftvm)...)
+	}
+	return errs
 }
 
 // ValidateDelete never refuses: deleting a FaultTolerantVM removes its members.
@@ -141,7 +151,7 @@ func (v *FaultTolerantVMValidator) room(ctx context.Context, ftvm *ftv1.FaultTol
 			CPU: n.Status.Allocatable[corev1.ResourceCPU], Memory: n.Status.Allocatable[corev1.ResourceMemory],
 		})
 	}
-	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms, v.RAMCache)
+	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms, v.COLO)
 	return errs, warnings, nil
 }
 

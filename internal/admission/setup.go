@@ -12,16 +12,16 @@ import (
 type Options struct {
 	Limits                  placement.Limits
 	DefaultLogBandwidthMbps int
-	// RAMCache: members are COLO members (--colo), whose secondary reserves the guest's memory
-	// twice.
-	RAMCache bool
+	// COLO: members are COLO members (--colo): the template's disks must all be replicable, and the
+	// secondary reserves the guest's memory twice.
+	COLO bool
 }
 
 // Setup registers lockstep's webhooks with the manager's webhook server.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	err := ctrl.NewWebhookManagedBy(mgr, &ftv1.FaultTolerantVM{}).
 		WithDefaulter(FaultTolerantVMDefaulter{}).
-		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps, RAMCache: opts.RAMCache}).
+		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps, COLO: opts.COLO}).
 		Complete()
 	if err != nil {
 		return err
