@@ -25,14 +25,17 @@ import (
 // while its primary's node was already failing never received that state, and promoting it would
 // lose the VM's memory and recent writes (a restart from disk is the honest outcome then). Where
 // lockstepd runs on the secondary's node, lockstepd alone marks it, from its engine's real end
-// of the initial synchronization. Only where no lockstepd runs (a cluster without the data plane)
-// does the operator infer it: once the secondary has run beside a primary on a healthy node.
+// of the initial synchronization. Under COLO it is always lockstepd's: a COLO secondary holds the
+// VM only once lockstepd's engine migrated it there, so one on a node where lockstepd does not
+// run holds nothing, however long it ran, and must never be marked (and so never promoted).
+// Only without COLO, where no lockstepd runs (a cluster without the data plane), does the
+// operator infer it: once the secondary has run beside a primary on a healthy node.
 func (r *FaultTolerantVMReconciler) phaseMarkSynced(ctx context.Context, s *scope) error {
 	sec, p := s.secondary, s.primary
 	if sec == nil || p == nil || sec.synced() || sec.verdict.State != health.Running || p.verdict.State != health.Running {
 		return nil
 	}
-	if sec.lockstepd {
+	if sec.lockstepd || r.Config.Member.COLO.Enabled {
 		// lockstepd runs there: it marks the secondary when its engine finished the initial
 		// synchronization (the one writer of the fact); the operator's inference would be a guess.
 		return nil

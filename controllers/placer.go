@@ -44,6 +44,10 @@ type Placer struct {
 	// yet from one that is already gone again.
 	APIReader client.Reader
 	Defaults  placement.Limits
+	// RequireLockstepd takes only nodes where lockstepd runs (it published its logging address):
+	// a COLO member's state reaches it only through lockstepd, and a secondary placed elsewhere
+	// would hold nothing.
+	RequireLockstepd bool
 	// AssumeTTL bounds how long a created member that the cache never shows is remembered.
 	AssumeTTL time.Duration
 
@@ -274,6 +278,9 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 			continue
 		}
 		pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: byNode[n.Name], Unavailable: fits(n)}
+		if pn.Unavailable == "" && p.RequireLockstepd && n.Annotations[ftv1.AnnotationNodeLoggingAddress] == "" {
+			pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
+		}
 		if topologyKey != "" {
 			pn.Domain = n.Labels[topologyKey]
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -158,5 +159,38 @@ func TestPlacerForgetsAMemberWhoseCreateFailed(t *testing.T) {
 		})
 	if err != nil || pp.Primary == "" || pp.Secondary == "" {
 		t.Fatalf("got %+v, %v; want both members placed on the two nodes", pp, err)
+	}
+}
+
+// TestUnderCOLOOnlyNodesWithLockstepdTakeMembers: with RequireLockstepd (--colo), a node whose
+// lockstepd has not published its logging address is unavailable to placement, and says why;
+// once it has, it takes members. Without COLO every Ready node does.
+func TestUnderCOLOOnlyNodesWithLockstepdTakeMembers(t *testing.T) {
+	p, c := placerOn(t, 2, placement.Limits{MaxMembers: 4, MaxVCPUs: 8})
+	ctx := context.Background()
+	var n corev1.Node
+	if err := c.Get(ctx, types.NamespacedName{Name: "node-1"}, &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Annotations = map[string]string{ftv1.AnnotationNodeLoggingAddress: "10.0.0.2:7000"}
+	if err := c.Update(ctx, &n); err != nil {
+		t.Fatal(err)
+	}
+	for _, colo := range []bool{false, true} {
+		p.RequireLockstepd = colo
+		nodes, err := p.view(ctx, &virtv1.VirtualMachineInstanceSpec{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, pn := range nodes {
+			got[pn.Name] = pn.Unavailable
+		}
+		if got["node-1"] != "" {
+			t.Errorf("COLO %v: node-1, where lockstepd runs, is unavailable: %q", colo, got["node-1"])
+		}
+		if unavailable := got["node-0"] != ""; unavailable != colo || (colo && !strings.Contains(got["node-0"], "lockstepd does not run there")) {
+			t.Errorf("COLO %v: node-0, without lockstepd: %q", colo, got["node-0"])
+		}
 	}
 }

@@ -65,7 +65,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Defaults: limits, AssumeTTL: 2 * time.Minute},
+			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled},
 		Config: cfg,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
