@@ -82,8 +82,8 @@ func annotate(annotations map[string]string) client.Patch {
 // which the operator reads and writes too.
 func LeaseName(ftvm string) string { return ftv1.RecordName(ftvm) }
 
-// SetupWithManager registers the daemon: the FT log listener, the member reconciler, the
-// metrics and the readiness check.
+// SetupWithManager registers the daemon: the FT log listener, the sweeper of gone members'
+// directories, the member reconciler, the metrics and the readiness check.
 func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	files := &certFiles{cfg: &d.Config}
 	tc, err := files.tlsConfig()
@@ -96,6 +96,9 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	d.agents = map[types.NamespacedName]*member{}
 	registerMetrics(d)
 	if err := mgr.Add(manager.RunnableFunc(d.serve)); err != nil {
+		return err
+	}
+	if err := mgr.Add(&dirSweeper{RunDir: d.Config.RunDir, Reader: mgr.GetClient(), Every: 5 * time.Minute, Grace: 10 * time.Minute}); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("ft-log-listener", func(*http.Request) error {
