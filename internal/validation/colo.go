@@ -6,6 +6,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
 )
 
 // ValidateCOLO returns the reasons a VM cannot be protected by QEMU's COLO (lockstep's --colo).
@@ -17,12 +18,9 @@ import (
 func ValidateCOLO(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	var errs field.ErrorList
 	path := field.NewPath("spec", "template", "spec", "volumes")
-	claims := 0
 	for i, v := range ftvm.Spec.Template.Spec.Volumes {
 		p := path.Index(i)
 		switch {
-		case v.PersistentVolumeClaim != nil:
-			claims++
 		case v.ContainerDisk != nil:
 			errs = append(errs, field.Forbidden(p.Child("containerDisk"),
 				"a containerDisk's writes go to an overlay in its launcher pod, which COLO does not replicate, so a failover would lose them; "+
@@ -39,9 +37,10 @@ func ValidateCOLO(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 				"the names "+ftv1.DiskColoActive+"[-<n>] and "+ftv1.DiskColoHidden+"[-<n>] are lockstep's, for the COLO overlays of each replicated disk"))
 		}
 	}
-	if claims == 0 {
+	// The disks the operator would replicate (member.ReplicatedDisks: claims that are not CD-ROMs).
+	if _, err := member.ReplicatedDisks(&ftvm.Spec.Template.Spec); err != nil {
 		errs = append(errs, field.Required(path,
-			"COLO replicates the VM's disks on claims: the template needs at least one persistentVolumeClaim volume (the root disk)"))
+			"COLO replicates the VM's disks on claims: the template needs at least one persistentVolumeClaim volume that is a disk, not a CD-ROM (the root disk)"))
 	}
 	return errs
 }

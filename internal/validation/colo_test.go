@@ -40,6 +40,9 @@ func TestValidateCOLO(t *testing.T) {
 		{"no claim at all", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Volumes = []virtv1.Volume{{Name: "os", VolumeSource: virtv1.VolumeSource{CloudInitNoCloud: &virtv1.CloudInitNoCloudSource{}}}}
 		}, "spec.template.spec.volumes", "at least one persistentVolumeClaim"},
+		{"its only claim a CD-ROM", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}}}
+		}, "spec.template.spec.volumes", "not a CD-ROM"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := valid()
