@@ -83,7 +83,7 @@ test: verify vet lint test-unit test-rules test-images test-envtest test-install
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/...
+	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -136,6 +136,11 @@ test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part toget
 .PHONY: test-scale
 test-scale: ## 200 FaultTolerantVMs of mixed sizes (then 40 more than fit, deleted again) on 50 nodes with per-node limits, then 5 nodes killed at once: no node above its limit, never two primaries, and in the end nothing waits that fits (a check of invariants; its figures are reported, not asserted). SCALE_KEEP=1 leaves the cluster up.
 	hack/gotest.sh scale -tags scale -count=1 -timeout 45m -run TestScale -v ./test/scale/
+
+.PHONY: soak
+soak: vm-assets libvirt-assets debian-guest-assets ## Not in CI: the full stack's seeded schedule of faults at length, SOAK_STEPS (default 40) steps of SOAK_SEED (default: the clock), the guest's ledger, mail and counter checked after every step; prints the counts (needs root)
+	FULLSTACK_CHAOS_STEPS=$${SOAK_STEPS:-40} FULLSTACK_CHAOS_SEED=$${SOAK_SEED:-} hack/gotest.sh soak -tags fullstack -count=1 -timeout 300m -v ./test/fullstack/... \
+		-ginkgo.v -ginkgo.timeout=300m -ginkgo.focus='reaches Protected|seeded schedule'
 
 .PHONY: bench-scale
 bench-scale: ## The scale run at size: 1,000 FaultTolerantVMs (then 200 more, deleted again) on 500 nodes, 50 killed at once; prints the figures (apply → Protected, operator memory and CPU, reconcile latency, API requests per VM, re-protection after the grace).

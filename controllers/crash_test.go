@@ -281,6 +281,7 @@ var _ = Describe("Crash points", func() {
 			rows: []string{
 				"update Lease ft-vm",                     // the record: vm-2 at epoch 2, one promotion
 				"patch PersistentVolumeClaim vm-2-root",  // its disk is the VM's now
+				"patch PersistentVolumeClaim disk",       // the user's claim superseded by it
 				"patch VirtualMachineInstance vm-1",      // the old primary labelled fenced
 				"delete VirtualMachineInstance vm-1",     // and deleted
 				"patch VirtualMachineInstance vm-2",      // the new one labelled primary
@@ -376,6 +377,7 @@ var _ = Describe("Crash points", func() {
 				status("FaultTolerantVMOperation", "test"), // Running, on vm-1 and vm-2: before anything is done
 				"update Lease ft-vm",                       // the record: vm-2 at epoch 2, with the operation's UID
 				"patch PersistentVolumeClaim vm-2-root",    // its disk is the VM's now
+				"patch PersistentVolumeClaim disk",         // the user's claim superseded by it
 				"patch VirtualMachineInstance vm-1",        // the old primary labelled fenced
 				"delete VirtualMachineInstance vm-1",       // and deleted
 				"patch VirtualMachineInstance vm-2",        // the new one labelled primary
@@ -463,11 +465,7 @@ var _ = Describe("Crash points", func() {
 				Expect(k8s.Delete(ctx(), getFTVM(ns, "vm"))).To(Succeed())
 			},
 			check: func(ns string, _ pairBefore) {
-				Eventually(func() bool {
-					err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &ftv1.FaultTolerantVM{})
-					return apierrors.IsNotFound(err)
-				}, timeout, interval).Should(BeTrue())
-				Eventually(leftoversIn(ns), timeout, interval).Should(BeEmpty())
+				expectDeleted(ns)
 			},
 			rows: []string{
 				"patch VirtualMachineInstance vm-1", // the primary labelled fenced
@@ -480,7 +478,70 @@ var _ = Describe("Crash points", func() {
 			},
 		})
 	})
+
+	It("a deletion after a failover converges from a crash after any of its writes: the VM's current disk is kept, nothing else is left", func() {
+		runCrashPath(crashPath{
+			setup: setupFailedOverPair,
+			trigger: func(ns string, _ pairBefore) {
+				Expect(k8s.Delete(ctx(), getFTVM(ns, "vm"))).To(Succeed())
+			},
+			check: func(ns string, _ pairBefore) {
+				expectDeleted(ns)
+				expectRetained(ns, "vm-2-root", "root", "disk")
+				Eventually(eventMessages, timeout, interval).WithArguments(ns, "vm", ftv1.ReasonDisksRetained).
+					Should(ContainSubstring("vm-2-root (volume root, in place of claim disk)"), "the event names the kept claim")
+			},
+			rows: []string{
+				"patch VirtualMachineInstance vm-2", // the primary labelled fenced
+				"delete VirtualMachineInstance vm-2",
+				"delete VirtualMachineInstance vm-3",
+				"patch PersistentVolumeClaim vm-2-root", // the VM's disk kept: no owner, labelled retained
+				"delete PersistentVolumeClaim vm-3-root",
+				"delete Lease ft-vm",
+				"delete NetworkAttachmentDefinition made-net",
+				"patch FaultTolerantVM vm", // the finalizer released
+			},
+		})
+	})
 })
+
+// A pair that failed over once: the VM's disk is now the copy vm-2-root, its secondary vm-3.
+func setupFailedOverPair(ns string) pairBefore {
+	b := setupDiskPair(ns)
+	setNodeReady(b.primary.Node, false)
+	expectWholePair(ns, b.secondary.VMI, 1, b.primary.Node)
+	f := getFTVM(ns, "vm")
+	return pairBefore{primary: *f.Status.Primary, secondary: *f.Status.Secondary}
+}
+
+// expectRetained checks that a claim the operator made is kept as the VM's current disk of the
+// deleted FaultTolerantVM vm: no owner, not labelled a copy, labelled as retained, and the
+// user's claim it replaces annotated as superseded by it.
+func expectRetained(ns, claim, volume, userClaim string) {
+	GinkgoHelper()
+	c := &corev1.PersistentVolumeClaim{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: claim}, c)).To(Succeed(), "the VM's current disk is kept")
+	Expect(c.DeletionTimestamp).To(BeNil())
+	Expect(c.OwnerReferences).To(BeEmpty())
+	Expect(c.Labels).To(HaveKeyWithValue(ftv1.LabelRetainedFrom, "vm"))
+	Expect(c.Labels).NotTo(HaveKey(ftv1.LabelManagedBy))
+	Expect(c.Labels).NotTo(HaveKey(ftv1.LabelPair))
+	Expect(c.Labels).To(HaveKeyWithValue("ft.lockstep.dev/volume", volume))
+	Expect(c.Annotations).To(HaveKeyWithValue(ftv1.AnnotationSourceClaim, userClaim))
+	user := &corev1.PersistentVolumeClaim{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: userClaim}, user)).To(Succeed())
+	Expect(user.Annotations).To(HaveKeyWithValue(ftv1.AnnotationSupersededBy, claim))
+}
+
+// expectDeleted waits until the FaultTolerantVM vm is gone, and with it all the operator made.
+func expectDeleted(ns string) {
+	GinkgoHelper()
+	Eventually(func() bool {
+		err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &ftv1.FaultTolerantVM{})
+		return apierrors.IsNotFound(err)
+	}, timeout, interval).Should(BeTrue())
+	Eventually(leftoversIn(ns), timeout, interval).Should(BeEmpty())
+}
 
 // leftoversIn lists what the operator made in a namespace that is still there.
 func leftoversIn(ns string) func() []string {
@@ -546,3 +607,69 @@ func (pw *primaryWatch) violations() []string {
 	defer pw.mu.Unlock()
 	return pw.bad
 }
+
+var _ = Describe("Deleting a FaultTolerantVM after a failover", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("with diskRetention Delete deletes every copy, the VM's current disk among them; the user's claim stays, marked superseded", func() {
+		ns := newNamespace()
+		setupFailedOverPair(ns)
+		f := getFTVM(ns, "vm")
+		base := f.DeepCopy()
+		f.Spec.DiskRetention = ftv1.DiskRetentionDelete
+		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+		Expect(k8s.Delete(ctx(), f)).To(Succeed())
+		Eventually(leftoversIn(ns), timeout, interval).Should(BeEmpty())
+		Eventually(func(g Gomega) {
+			var pvcs corev1.PersistentVolumeClaimList
+			g.Expect(k8s.List(ctx(), &pvcs, client.InNamespace(ns))).To(Succeed())
+			for _, c := range pvcs.Items {
+				if c.Name != "disk" {
+					g.Expect(c.DeletionTimestamp).NotTo(BeNil(), "claim %s is deleted", c.Name)
+				}
+			}
+		}, timeout, interval).Should(Succeed())
+		user := &corev1.PersistentVolumeClaim{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "disk"}, user)).To(Succeed())
+		Expect(user.DeletionTimestamp).To(BeNil(), "the template's claim is never deleted")
+		Expect(user.Annotations).To(HaveKeyWithValue(ftv1.AnnotationSupersededBy, "vm-2-root"))
+		Expect(eventReasons(ns, "vm")).NotTo(ContainElement(ftv1.ReasonDisksRetained))
+	})
+})
+
+var _ = Describe("A VM on a DataVolume", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("is protected: the primary keeps the dataVolume volume, the secondary gets a plain copy of its claim", func() {
+		ns := newNamespace()
+		for i := 1; i <= 3; i++ {
+			makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+		}
+		// CDI names the DataVolume's claim as the DataVolume.
+		Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "imported", Namespace: ns},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("3Gi")}},
+			},
+		})).To(Succeed())
+		f := newFTVM(ns, "vm")
+		f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "imported"}}
+		Expect(k8s.Create(ctx(), f)).To(Succeed())
+		got := waitFor(ns, "vm", "Protected", func(f *ftv1.FaultTolerantVM) bool { return f.Status.State == ftv1.StateProtected })
+		p, err := getVMI(ns, got.Status.Primary.VMI)
+		Expect(err).NotTo(HaveOccurred())
+		s, err := getVMI(ns, got.Status.Secondary.VMI)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Spec.Volumes[0].DataVolume).To(Equal(&virtv1.DataVolumeSource{Name: "imported"}))
+		Expect(s.Spec.Volumes[0].DataVolume).To(BeNil())
+		Expect(s.Spec.Volumes[0].PersistentVolumeClaim).NotTo(BeNil())
+		copyName := s.Spec.Volumes[0].PersistentVolumeClaim.ClaimName
+		Expect(copyName).To(Equal(s.Name + "-root"))
+		c := &corev1.PersistentVolumeClaim{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: copyName}, c)).To(Succeed())
+		Expect(c.Annotations).To(HaveKeyWithValue(ftv1.AnnotationSourceClaim, "imported"))
+		Expect(c.Spec.Resources.Requests[corev1.ResourceStorage]).To(Equal(resource.MustParse("3Gi")))
+		deleteAllFTVMs(ns)
+	})
+})

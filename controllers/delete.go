@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,8 +19,9 @@ import (
 
 // reconcileDelete removes everything the operator made for a FaultTolerantVM, in any state and
 // with any of its nodes dead, and then releases the finalizer: the members (a primary is fenced
-// first), and once they are gone the disk copies, the pair's record and a logging network it
-// created that no other FaultTolerantVM uses. Owner references let the garbage collector do the
+// first), and once they are gone the disk copies (but those holding the VM's current disks,
+// unless diskRetention is Delete), the pair's record and a logging network it created that no
+// other FaultTolerantVM uses. Owner references let the garbage collector do the
 // same; the finalizer does not rely on it (the logging network may be in another namespace), and
 // every step reads the API server, so that nothing a cache does not show yet is left behind.
 func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (ctrl.Result, error) {
@@ -48,6 +50,11 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 		return ctrl.Result{RequeueAfter: r.Config.RetryInterval}, nil
 	}
 
+	kept, err := r.retainCurrentDisks(ctx, ftvm)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
 	var pvcs corev1.PersistentVolumeClaimList
 	if err := r.APIReader.List(ctx, &pvcs, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name, ftv1.LabelManagedBy: ftv1.ManagedByValue}); err != nil {
 		return ctrl.Result{}, err
@@ -63,7 +70,7 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 	}
 
 	lease := &coordinationv1.Lease{}
-	err := r.APIReader.Get(ctx, recordKey(ftvm), lease)
+	err = r.APIReader.Get(ctx, recordKey(ftvm), lease)
 	switch {
 	case err == nil && ownedOrUnclaimed(lease, ftvm) && lease.DeletionTimestamp == nil:
 		if err := r.Delete(ctx, lease, client.Preconditions{UID: &lease.UID}); client.IgnoreNotFound(err) != nil {
@@ -77,6 +84,12 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 		return ctrl.Result{}, err
 	}
 
+	if len(kept) > 0 {
+		// Before the last write, so that a crash cannot lose it (a repeat is harmless).
+		r.Recorder.Eventf(ftvm, nil, corev1.EventTypeNormal, ftv1.ReasonDisksRetained, "Delete",
+			"kept the claims that hold the VM's current disks (diskRetention Retain): %s; the claims the template names hold an older state. Delete the kept claims when no longer needed.",
+			strings.Join(kept, ", "))
+	}
 	base := ftvm.DeepCopy()
 	controllerutil.RemoveFinalizer(ftvm, ftv1.Finalizer)
 	if err := r.Patch(ctx, ftvm, client.MergeFrom(base)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/validation"
 )
 
 // Disks. COLO replicates the primary's writes to the secondary, so each member has its own copy
@@ -26,16 +29,19 @@ import (
 // the VM's disk, and a VM restarted after halting, or after losing a primary that had no running
 // secondary, starts from the marked copies of the newest such member.
 //
-// The user's claims are never changed or deleted. Copies are owned by the FaultTolerantVM and
-// deleted once no member uses them and they are not the VM's current disk.
+// The user's claims are never deleted; once a copy of one becomes the VM's disk, the user's claim
+// is annotated as superseded by it (it holds an older state from then on). Copies are owned by
+// the FaultTolerantVM and deleted once no member uses them and they are not the VM's current
+// disk; when the FaultTolerantVM is deleted, the copies that hold the VM's current disks are kept
+// unless spec.diskRetention says Delete (retainCurrentDisks).
 
 // annotationWasPrimary marks a copy whose member was primary, with the value "true".
 const annotationWasPrimary = "ft.lockstep.dev/was-primary"
 
 const annotationTrue = "true"
 
-// errSourceClaim: a claim the template names does not exist.
-var errSourceClaim = errors.New("source claim not found")
+// errSourceClaim: a claim the template names does not exist, or cannot be used.
+var errSourceClaim = errors.New("source claim not found or not usable")
 
 // copyName is the claim of a member's copy of a volume.
 func copyName(memberName, volume string) string {
@@ -46,12 +52,13 @@ func copyName(memberName, volume string) string {
 	return name
 }
 
-// pvcVolumes are the template's persistent volumes: volume name -> the user's claim.
+// pvcVolumes are the template's persistent volumes: volume name -> the user's claim (a
+// persistentVolumeClaim's, or the claim of a dataVolume, which CDI names as the DataVolume).
 func pvcVolumes(spec *virtv1.VirtualMachineInstanceSpec) map[string]string {
 	out := map[string]string{}
-	for _, v := range spec.Volumes {
-		if v.PersistentVolumeClaim != nil {
-			out[v.Name] = v.PersistentVolumeClaim.ClaimName
+	for i := range spec.Volumes {
+		if claim := member.ClaimOf(&spec.Volumes[i]); claim != "" {
+			out[spec.Volumes[i].Name] = claim
 		}
 	}
 	return out
@@ -104,6 +111,9 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 			}
 			return nil, nil, err
 		}
+		if why := validation.ClaimProblem(&source, r.Config.Member.COLO.Enabled); why != "" {
+			return nil, nil, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
+		}
 		sizes[volume] = capacityOf(&source)
 		if role == ftv1.RolePrimary {
 			claims[volume] = currentDisk(copies, volume, userClaim)
@@ -151,21 +161,43 @@ func capacityOf(pvc *corev1.PersistentVolumeClaim) resource.Quantity {
 	return pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 }
 
-// markWasPrimary marks a copy as the disk of a primary.
+// markWasPrimary marks a copy as the disk of a primary, and then the user's claim it copies as
+// superseded by it. Each write is made only when missing, so that a crash between them is
+// repaired by the next call.
 func (r *FaultTolerantVMReconciler) markWasPrimary(ctx context.Context, namespace, claim string) error {
 	pvc := &corev1.PersistentVolumeClaim{}
 	if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: claim}, pvc); err != nil {
 		return client.IgnoreNotFound(err) // the user's claim, or gone
 	}
-	if pvc.Labels[ftv1.LabelManagedBy] != ftv1.ManagedByValue || pvc.Annotations[annotationWasPrimary] == annotationTrue {
+	if pvc.Labels[ftv1.LabelManagedBy] != ftv1.ManagedByValue {
+		return nil
+	}
+	if err := patchAnnotation(ctx, r.Client, pvc, annotationWasPrimary, annotationTrue); err != nil {
+		return err
+	}
+	source := pvc.Annotations[ftv1.AnnotationSourceClaim]
+	if source == "" {
+		return nil
+	}
+	// The user's claims are not in the cache (it holds the operator's own).
+	user := &corev1.PersistentVolumeClaim{}
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: source}, user); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return patchAnnotation(ctx, r.Client, user, ftv1.AnnotationSupersededBy, claim)
+}
+
+// patchAnnotation sets an annotation of a claim, unless it has that value already.
+func patchAnnotation(ctx context.Context, c client.Client, pvc *corev1.PersistentVolumeClaim, key, value string) error {
+	if pvc.Annotations[key] == value {
 		return nil
 	}
 	base := pvc.DeepCopy()
 	if pvc.Annotations == nil {
 		pvc.Annotations = map[string]string{}
 	}
-	pvc.Annotations[annotationWasPrimary] = annotationTrue
-	return r.Patch(ctx, pvc, client.MergeFrom(base))
+	pvc.Annotations[key] = value
+	return c.Patch(ctx, pvc, client.MergeFrom(base))
 }
 
 // markPrimaryDisks marks the copies a (promoted) primary uses.
@@ -214,4 +246,88 @@ func (r *FaultTolerantVMReconciler) phaseCollectDiskCopies(ctx context.Context, 
 		log.FromContext(ctx).Info("deleted stale disk copy", "claim", c.Name)
 	}
 	return nil
+}
+
+// retainCurrentDisks keeps, for a FaultTolerantVM being deleted with diskRetention Retain, each
+// copy that holds the VM's current disk (a volume whose newest primary ran on a copy, not on the
+// user's claim): in one patch each, it loses the FaultTolerantVM as owner and the labels that
+// make it a copy, and gets LabelRetainedFrom. A volume that a claim retained from this
+// FaultTolerantVM (its UID) already holds is done, so that a crash between two patches never
+// makes an older copy look current. It returns every claim retained from this FaultTolerantVM.
+func (r *FaultTolerantVMReconciler) retainCurrentDisks(ctx context.Context, ftvm *ftv1.FaultTolerantVM) ([]string, error) {
+	if ftvm.Spec.DiskRetention == ftv1.DiskRetentionDelete {
+		return nil, nil
+	}
+	var retained corev1.PersistentVolumeClaimList
+	if err := r.APIReader.List(ctx, &retained, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelRetainedFrom: ftvm.Name}); err != nil {
+		return nil, err
+	}
+	done := map[string]bool{}
+	var kept []string
+	for _, c := range retained.Items {
+		if c.Annotations[ftv1.AnnotationRetainedFromUID] == string(ftvm.UID) {
+			done[c.Labels[labelVolume]] = true
+			kept = append(kept, retainedNote(&c))
+		}
+	}
+	var copies corev1.PersistentVolumeClaimList
+	if err := r.APIReader.List(ctx, &copies, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name, ftv1.LabelManagedBy: ftv1.ManagedByValue}); err != nil {
+		return nil, err
+	}
+	for _, volume := range copyVolumes(copies.Items) {
+		current := currentDisk(copies.Items, volume, "")
+		if current == "" || done[volume] {
+			continue
+		}
+		for i := range copies.Items {
+			if c := &copies.Items[i]; c.Name == current && c.DeletionTimestamp == nil {
+				if err := r.releaseCopy(ctx, ftvm, c); err != nil {
+					return kept, fmt.Errorf("keeping claim %s, the VM's current disk of volume %s: %w", c.Name, volume, err)
+				}
+				kept = append(kept, retainedNote(c))
+			}
+		}
+	}
+	sort.Strings(kept)
+	return kept, nil
+}
+
+func retainedNote(c *corev1.PersistentVolumeClaim) string {
+	return fmt.Sprintf("%s (volume %s, in place of claim %s)", c.Name, c.Labels[labelVolume], c.Annotations[ftv1.AnnotationSourceClaim])
+}
+
+// copyVolumes are the volumes the copies are of, sorted.
+func copyVolumes(copies []corev1.PersistentVolumeClaim) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, c := range copies {
+		if v := c.Labels[labelVolume]; v != "" && !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// releaseCopy makes a copy a claim of the user's: no owner, not labelled as a copy, labelled as
+// retained from ftvm.
+func (r *FaultTolerantVMReconciler) releaseCopy(ctx context.Context, ftvm *ftv1.FaultTolerantVM, c *corev1.PersistentVolumeClaim) error {
+	base := c.DeepCopy()
+	var owners []metav1.OwnerReference
+	for _, o := range c.OwnerReferences {
+		if o.UID != ftvm.UID {
+			owners = append(owners, o)
+		}
+	}
+	c.OwnerReferences = owners
+	delete(c.Labels, ftv1.LabelPair)
+	delete(c.Labels, ftv1.LabelManagedBy)
+	delete(c.Labels, ftv1.LabelMember)
+	c.Labels[ftv1.LabelRetainedFrom] = ftvm.Name
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	c.Annotations[ftv1.AnnotationRetainedFromUID] = string(ftvm.UID)
+	return r.Patch(ctx, c, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 }

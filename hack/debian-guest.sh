@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds lockstep's Debian test guest: a Debian 12 disk image that boots by itself under SeaBIOS
 # and OVMF, as a VM's disk.img on a claim does. debootstrap's minbase and the packages pinned in
-# hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd);
-# cloud-init reads only the NoCloud ISO; the counter (hack/debian-guest/lockstep-counter) is a
-# systemd service that keeps its count on the partition labelled counter.
+# hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd,
+# PostgreSQL 15, Postfix); cloud-init reads only the NoCloud ISO; the counter
+# (hack/debian-guest/lockstep-counter) is a systemd service that keeps its count on the partition
+# labelled counter. Where the VM has a disk with serial "data", PostgreSQL and Postfix keep their
+# state on it (hack/debian-guest/lockstep-data, made ext4 at its first boot) and run; elsewhere
+# they do not start.
 #
 # The disk (GPT, 2 GiB, sparse):
 #   1 esp      64 MiB  FAT: syslinux for SeaBIOS (legacy-BIOS-bootable, gptmbr.bin in the
@@ -27,7 +30,7 @@ SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security
 HOST_TOOLS=(debootstrap=1.0.128+nmu2+deb12u2 fdisk=2.38.1-5+deb12u3 dosfstools=4.2-1
   mtools=4.0.33-1+really4.0.32-1 syslinux=3:6.04~git20190206.bf6db5b4+dfsg1-3+b1
   syslinux-common=3:6.04~git20190206.bf6db5b4+dfsg1-3 syslinux-efi=3:6.04~git20190206.bf6db5b4+dfsg1-3
-  genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6)
+  genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6 postgresql-client-15=15.18-0+deb12u1)
 DISK_MIB=2048
 ESP_MIB=64
 COUNTER_MIB=8
@@ -54,6 +57,41 @@ in_root() {
   DEBIAN_FRONTEND=noninteractive LC_ALL=C chroot "$tree" "$@"
 }
 
+# apps sets up the applications whose clients the full stack runs (test/apps): PostgreSQL 15 with the role and databases of the ledger and of pgbench, which
+# clients reach from the VM's network with a password, amcheck in the ledger's database; Postfix
+# accepting mail for the local user "mailbox" from anywhere, delivering to /var/mail; both
+# keeping their state on the data disk (lockstep-data.service), and running only where it is.
+apps() {
+  local pg=/etc/postgresql/15/main uid db sql unit
+  printf '%s\n' "# lockstep's test guest" "listen_addresses = '*'" "shared_buffers = 32MB" >>"$tree$pg/postgresql.conf"
+  echo "host  all  lockstep  0.0.0.0/0  scram-sha-256" >>"$tree$pg/pg_hba.conf"
+  # The role and databases, by the server in single-user mode: no socket, no POSIX shared memory
+  # (the tree has no /dev/shm), nothing left running.
+  uid="$(in_root id -u postgres)"
+  for db in postgres ledger; do
+    case "$db" in
+    postgres) sql="CREATE ROLE lockstep LOGIN PASSWORD 'lockstep'
+CREATE DATABASE ledger OWNER lockstep
+CREATE DATABASE bench OWNER lockstep" ;;
+    ledger) sql="CREATE EXTENSION amcheck
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lockstep" ;;
+    esac
+    echo "$sql" | LC_ALL=C chroot --userspec="$uid:$uid" "$tree" /usr/lib/postgresql/15/bin/postgres --single \
+      -D /var/lib/postgresql/15/main -c config_file=$pg/postgresql.conf -c dynamic_shared_memory_type=mmap "$db" >&2
+  done
+  in_root postconf -e 'inet_interfaces = all' 'inet_protocols = ipv4' 'mydestination = localhost' \
+    'myhostname = localhost' 'mailbox_size_limit = 0'
+  in_root useradd --create-home --shell /usr/sbin/nologin mailbox
+  install -m 0755 "$CONF/lockstep-data" "$tree/usr/local/sbin/lockstep-data"
+  install -m 0644 "$CONF/lockstep-data.service" "$tree/etc/systemd/system/lockstep-data.service"
+  ln -sf /etc/systemd/system/lockstep-data.service "$tree/etc/systemd/system/multi-user.target.wants/lockstep-data.service"
+  mkdir -p "$tree/srv/data"
+  for unit in postgresql@.service postfix@.service; do
+    mkdir -p "$tree/etc/systemd/system/$unit.d"
+    install -m 0644 "$CONF/apps.conf" "$tree/etc/systemd/system/$unit.d/lockstep.conf"
+  done
+}
+
 build() {
   work="$(mktemp -d "${TMPDIR:-/tmp}/debian-guest.XXXXXX")"
   trap 'rm -rf "$work"' EXIT
@@ -72,8 +110,14 @@ EOF
   grep -v '^#' "$CONF/initramfs-modules" >>"$tree/etc/initramfs-tools/modules"
   mapfile -t pins < <(grep -v '^#' "$CONF/packages" | grep .)
   echo ">> installing ${pins[*]}" >&2
+  # Nothing the packages install starts in the tree; Postfix delivers locally.
+  printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
+  chmod 0755 "$tree/usr/sbin/policy-rc.d"
+  printf '%s\n' 'postfix postfix/main_mailer_type select Local only' 'postfix postfix/mailname string localhost' |
+    in_root debconf-set-selections
   in_root apt-get update -q >&2
   in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
+  rm -f "$tree/usr/sbin/policy-rc.d"
   in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
 
   echo ">> configuring the guest" >&2
@@ -83,6 +127,7 @@ EOF
   CGO_ENABLED=0 go build -C "$ROOT" -trimpath -o "$tree/usr/local/bin/lockstep-counter" ./hack/debian-guest/lockstep-counter
   install -m 0644 "$CONF/lockstep-counter.service" "$tree/etc/systemd/system/lockstep-counter.service"
   ln -sf /etc/systemd/system/lockstep-counter.service "$tree/etc/systemd/system/multi-user.target.wants/lockstep-counter.service"
+  apps
   # Made at first boot, per instance: the machine id by systemd, the host keys by cloud-init.
   : >"$tree/etc/machine-id"
   rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*

@@ -84,7 +84,7 @@ client_ok() {
   fi
 }
 
-bold "applying the counter VM: a disk, an L2 VM network, the logging network, the FaultTolerantVM $FTVM"
+bold "applying the counter VM: a root and a data disk, an L2 VM network, the logging network, the FaultTolerantVM $FTVM"
 k apply -f "$ROOT/test/fullstack/testdata/counter-vm.yaml"
 protected() {
   [ "$(field .status.state)" = Protected ] && [ "$(field .status.replication.secondary.synchronized)" = true ] &&

@@ -15,4 +15,7 @@ func Default(ftvm *FaultTolerantVM) {
 	if ftvm.Spec.UpdatePolicy == "" {
 		ftvm.Spec.UpdatePolicy = UpdatePolicyStaged
 	}
+	if ftvm.Spec.DiskRetention == "" {
+		ftvm.Spec.DiskRetention = DiskRetentionRetain
+	}
 }

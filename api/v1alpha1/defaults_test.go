@@ -9,7 +9,7 @@ import (
 func TestDefault(t *testing.T) {
 	empty := &FaultTolerantVM{}
 	Default(empty)
-	if empty.Spec.RunStrategy != RunStrategyRunning || empty.Spec.UpdatePolicy != UpdatePolicyStaged || empty.Spec.Protection != ProtectionEnabled {
+	if empty.Spec.RunStrategy != RunStrategyRunning || empty.Spec.UpdatePolicy != UpdatePolicyStaged || empty.Spec.Protection != ProtectionEnabled || empty.Spec.DiskRetention != DiskRetentionRetain {
 		t.Fatalf("defaults not set: %+v", empty.Spec)
 	}
 	again := empty.DeepCopy()
@@ -17,9 +17,9 @@ func TestDefault(t *testing.T) {
 	if !equality.Semantic.DeepEqual(empty, again) {
 		t.Fatal("defaulting twice changed the object: a GitOps tool would see drift")
 	}
-	set := &FaultTolerantVM{Spec: FaultTolerantVMSpec{RunStrategy: RunStrategyHalted, UpdatePolicy: UpdatePolicyRefuse, Protection: ProtectionDisabled}}
+	set := &FaultTolerantVM{Spec: FaultTolerantVMSpec{RunStrategy: RunStrategyHalted, UpdatePolicy: UpdatePolicyRefuse, Protection: ProtectionDisabled, DiskRetention: DiskRetentionDelete}}
 	Default(set)
-	if set.Spec.RunStrategy != RunStrategyHalted || set.Spec.UpdatePolicy != UpdatePolicyRefuse || set.Spec.Protection != ProtectionDisabled {
+	if set.Spec.RunStrategy != RunStrategyHalted || set.Spec.UpdatePolicy != UpdatePolicyRefuse || set.Spec.Protection != ProtectionDisabled || set.Spec.DiskRetention != DiskRetentionDelete {
 		t.Fatalf("defaulting overwrote what was set: %+v", set.Spec)
 	}
 }

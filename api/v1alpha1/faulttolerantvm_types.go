@@ -30,6 +30,21 @@ const (
 	UpdatePolicyRefuse UpdatePolicy = "Refuse"
 )
 
+// DiskRetention says what deleting a FaultTolerantVM does with the claims that hold the VM's
+// current disks.
+// +kubebuilder:validation:Enum=Retain;Delete
+type DiskRetention string
+
+const (
+	// DiskRetentionRetain keeps them. After a failover they are the claims the operator made
+	// for the member that went live, not the template's: deleting the FaultTolerantVM releases
+	// them (no owner), labels them ft.lockstep.dev/retained-from=<name> and names them in a
+	// DisksRetained event.
+	DiskRetentionRetain DiskRetention = "Retain"
+	// DiskRetentionDelete deletes them with everything else the operator made.
+	DiskRetentionDelete DiskRetention = "Delete"
+)
+
 // Protection says whether the pair keeps a secondary: vSphere FT's Turn On, Suspend and Turn Off.
 // +kubebuilder:validation:Enum=Enabled;Suspended;Disabled
 type Protection string
@@ -118,6 +133,9 @@ const (
 	// ReasonMemberCreated is the event of members placed and created: a new pair's two in one
 	// event, or a new secondary.
 	ReasonMemberCreated = "MemberCreated"
+	// ReasonDisksRetained is the event of a deleted FaultTolerantVM's current disks kept
+	// (diskRetention Retain): it names the claims that hold them.
+	ReasonDisksRetained = "DisksRetained"
 	// ReasonWaitingForSecondary: the primary is lost and its synchronized secondary is on a node
 	// that is not Ready; promoting it later loses nothing, restarting now would lose the memory.
 	ReasonWaitingForSecondary = "WaitingForSecondary"
@@ -200,6 +218,14 @@ type FaultTolerantVMSpec struct {
 	// +default="Enabled"
 	// +optional
 	Protection Protection `json:"protection,omitempty"`
+
+	// diskRetention is what deleting this FaultTolerantVM does with the claims that hold the
+	// VM's current disks: Retain keeps them, Delete deletes them. After a failover those are
+	// claims the operator made (each named <member>-<volume>), and the template's claims hold an
+	// older state of the disks; the template's claims are never deleted either way.
+	// +default="Retain"
+	// +optional
+	DiskRetention DiskRetention `json:"diskRetention,omitempty"`
 
 	// loggingNetwork is the dedicated network for FT logging traffic.
 	// +required
@@ -353,6 +379,11 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	Checkpoints *CheckpointStatus `json:"checkpoints,omitempty"`
 
+	// resync is the copy of the primary's disks into a new secondary while it runs, as the
+	// primary's lockstepd reports it; absent otherwise.
+	// +optional
+	Resync *ResyncStatus `json:"resync,omitempty"`
+
 	// reservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
 	// each member's node, in Mbit/s.
 	// +optional
@@ -374,6 +405,33 @@ type FaultTolerantVMStatus struct {
 	// lastFailoverTime is when the last secondary was promoted.
 	// +optional
 	LastFailoverTime *metav1.Time `json:"lastFailoverTime,omitempty"`
+}
+
+// ResyncStatus is the progress of the copy of a primary's disks into a new secondary, which
+// must catch up before the secondary can hold the VM's state.
+type ResyncStatus struct {
+	// startTime is when the copy began.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// doneBytes is what is copied, of all the replicated disks together.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	DoneBytes *int64 `json:"doneBytes,omitempty"`
+
+	// totalBytes is what there is to copy: QEMU's estimate, which grows when the guest writes
+	// where the copy has passed.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TotalBytes *int64 `json:"totalBytes,omitempty"`
+
+	// bytesPerSecond is the copy's mean rate since it began.
+	// +optional
+	BytesPerSecond *resource.Quantity `json:"bytesPerSecond,omitempty"`
+
+	// estimatedCompletionTime is when the copy will have caught up at that rate.
+	// +optional
+	EstimatedCompletionTime *metav1.Time `json:"estimatedCompletionTime,omitempty"`
 }
 
 // CheckpointStatus is what the COLO engine's checkpoints cost the VM. A checkpoint is due every

@@ -46,6 +46,15 @@ const (
 	// AnnotationSourceClaim, on a claim the operator created for a member's copy of a disk, names
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
+	// AnnotationSupersededBy, on a claim the template names, is set once a failover made a copy
+	// of it the VM's disk: it names that copy, the claim that holds the VM's current disk (this
+	// one holds an older state).
+	AnnotationSupersededBy = "ft.lockstep.dev/superseded-by"
+	// LabelRetainedFrom, on a claim the operator made that held the VM's current disk when its
+	// FaultTolerantVM was deleted (diskRetention Retain), names that FaultTolerantVM; the claim
+	// has no owner then, and AnnotationRetainedFromUID is the FaultTolerantVM's UID.
+	LabelRetainedFrom         = "ft.lockstep.dev/retained-from"
+	AnnotationRetainedFromUID = "ft.lockstep.dev/retained-from-uid"
 
 	// AnnotationReplicatedDisk, on a member VMI, names the disks that COLO replicates, in order,
 	// comma-separated (default: every disk on a claim that is not a CD-ROM).

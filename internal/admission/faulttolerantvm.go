@@ -6,6 +6,7 @@ import (
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,6 +42,9 @@ func (FaultTolerantVMDefaulter) Default(_ context.Context, ftvm *ftv1.FaultToler
 type FaultTolerantVMValidator struct {
 	// Reader reads nodes and logging networks (the operator's cache).
 	Reader client.Reader
+	// Claims reads the claims the template names (the API server: the operator caches only its
+	// own). Nil skips the check.
+	Claims client.Reader
 	// Limits are the cluster's FT limits, which nodes' annotations override.
 	Limits placement.Limits
 	// DefaultLogBandwidthMbps is reserved for a VM without spec.expectedLoad.
@@ -64,7 +68,41 @@ func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv
 	if err != nil {
 		return nil, err
 	}
+	claimErrs, err := v.claims(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	errs = append(errs, claimErrs...)
 	return append(warnings, roomWarnings...), invalid(ftvm, append(errs, roomErrs...))
+}
+
+// claims refuses claims that exist and cannot back a protected VM's disk
+// (validation.ClaimProblem). One that does not exist yet is the operator's to check when it does
+// (GitOps applies a claim and its VM together).
+func (v *FaultTolerantVMValidator) claims(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (field.ErrorList, error) {
+	if v.Claims == nil {
+		return nil, nil
+	}
+	var errs field.ErrorList
+	path := field.NewPath("spec", "template", "spec", "volumes")
+	for i := range ftvm.Spec.Template.Spec.Volumes {
+		name := member.ClaimOf(&ftvm.Spec.Template.Spec.Volumes[i])
+		if name == "" {
+			continue
+		}
+		var pvc corev1.PersistentVolumeClaim
+		err := v.Claims.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: name}, &pvc)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("reading claim %s: %w", name, err)
+		}
+		if why := validation.ClaimProblem(&pvc, v.COLO); why != "" {
+			errs = append(errs, field.Forbidden(path.Index(i), "claim "+name+" "+why))
+		}
+	}
+	return errs, nil
 }
 
 // ValidateUpdate refuses only what the update makes wrong: a rule that the stored object already
@@ -84,6 +122,17 @@ func (v *FaultTolerantVMValidator) ValidateUpdate(ctx context.Context, old, ftvm
 			return nil, err
 		}
 		errs, warnings = append(errs, netErrs...), append(warnings, w...)
+	}
+	if !equality.Semantic.DeepEqual(old.Spec.Template.Spec.Volumes, ftvm.Spec.Template.Spec.Volumes) {
+		before, err := v.claims(ctx, old)
+		if err != nil {
+			return nil, err
+		}
+		after, err := v.claims(ctx, ftvm)
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, newErrors(before, after)...)
 	}
 	if resized(old, ftvm) {
 		roomErrs, w, err := v.room(ctx, ftvm)

@@ -54,12 +54,62 @@ func TestCOLORefusesWhatItCannotReplicate(t *testing.T) {
 	}
 	colo := &FaultTolerantVMValidator{Reader: reader, Limits: limits, COLO: true}
 	_, err := colo.ValidateCreate(ctx, ftvm)
-	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[1].containerDisk") || !strings.Contains(err.Error(), "import the image into a claim") {
+	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[1].containerDisk") || !strings.Contains(err.Error(), "import the image into a DataVolume") {
 		t.Fatalf("with COLO: %v, want the containerDisk refused with what to do instead", err)
 	}
 	changed := ftvm.DeepCopy()
 	changed.Labels = map[string]string{"team": "mail"}
 	if _, err := colo.ValidateUpdate(ctx, ftvm, changed); err != nil {
 		t.Fatalf("an update that leaves the containerDisk as it was: %v", err)
+	}
+}
+
+// TestCOLORefusesABlockModeClaim: under COLO a block-mode claim is refused at admission, with the
+// volume and what to use; a claim that does not exist yet passes (the operator checks it when it
+// does), and so does a filesystem claim; an update that brings in a block claim is refused.
+func TestCOLORefusesABlockModeClaim(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, nadv1.AddToScheme, ftv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	block, fs := corev1.PersistentVolumeBlock, corev1.PersistentVolumeFilesystem
+	claim := func(name string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name}, Spec: corev1.PersistentVolumeClaimSpec{VolumeMode: mode}}
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi")}}},
+		&nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "ft-logging"}},
+		claim("root", &fs), claim("raw", &block)).Build()
+	guest := resource.MustParse("1Gi")
+	vm := func(claims ...string) *ftv1.FaultTolerantVM {
+		f := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "vm"}, Spec: ftv1.FaultTolerantVMSpec{
+			LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+			Template:       ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Memory: &virtv1.Memory{Guest: &guest}}}},
+		}}
+		for _, c := range claims {
+			f.Spec.Template.Spec.Volumes = append(f.Spec.Template.Spec.Volumes, virtv1.Volume{Name: c, VolumeSource: virtv1.VolumeSource{
+				DataVolume: &virtv1.DataVolumeSource{Name: c}}})
+		}
+		ftv1.Default(f)
+		return f
+	}
+	v := &FaultTolerantVMValidator{Reader: reader, Claims: reader, Limits: placement.Limits{MaxMembers: 4, MaxVCPUs: 8}, COLO: true}
+	ctx := context.Background()
+	if _, err := v.ValidateCreate(ctx, vm("root", "not-yet")); err != nil {
+		t.Fatalf("a filesystem claim and one not made yet: %v", err)
+	}
+	_, err := v.ValidateCreate(ctx, vm("root", "raw"))
+	if err == nil || !strings.Contains(err.Error(), "spec.template.spec.volumes[1]") || !strings.Contains(err.Error(), "volumeMode Filesystem") {
+		t.Fatalf("a block claim: %v, want it refused with what to use", err)
+	}
+	if _, err := v.ValidateUpdate(ctx, vm("root"), vm("root", "raw")); err == nil || !strings.Contains(err.Error(), "block-mode") {
+		t.Fatalf("an update that adds a block claim: %v, want it refused", err)
+	}
+	plain := &FaultTolerantVMValidator{Reader: reader, Claims: reader, Limits: placement.Limits{MaxMembers: 4, MaxVCPUs: 8}}
+	if _, err := plain.ValidateCreate(ctx, vm("root", "raw")); err != nil {
+		t.Fatalf("without COLO a block claim passes: %v", err)
 	}
 }

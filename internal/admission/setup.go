@@ -21,7 +21,7 @@ type Options struct {
 func Setup(mgr ctrl.Manager, opts Options) error {
 	err := ctrl.NewWebhookManagedBy(mgr, &ftv1.FaultTolerantVM{}).
 		WithDefaulter(FaultTolerantVMDefaulter{}).
-		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps, COLO: opts.COLO}).
+		WithValidator(&FaultTolerantVMValidator{Reader: mgr.GetClient(), Claims: mgr.GetAPIReader(), Limits: opts.Limits, DefaultLogBandwidthMbps: opts.DefaultLogBandwidthMbps, COLO: opts.COLO}).
 		Complete()
 	if err != nil {
 		return err

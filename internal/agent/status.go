@@ -48,6 +48,8 @@ type Status struct {
 	CheckpointCausesKnown                                              bool
 	CheckpointsOnMismatch, CheckpointsOnTimeout, CheckpointsOnUnparsed uint64
 	UnparsedHeld                                                       uint64
+	// Resync is the engine's copy of the disks into a new secondary, while it runs.
+	Resync engine.Resync
 }
 
 // Status returns the agent's snapshot.
@@ -93,6 +95,10 @@ func (a *Agent) Status() Status {
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
 		st.CheckpointsOnUnparsed, st.UnparsedHeld = streams.OnUnparsed, streams.UnparsedHeld
+		st.Resync = streams.Resync
+		if streams.ProtectError != "" && st.Message == "" {
+			st.Message = "protecting the VM with its secondary failed (retried): " + streams.ProtectError
+		}
 	}
 	return st
 }

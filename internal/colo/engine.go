@@ -83,6 +83,8 @@ type Engine struct {
 	checkpoints  uint64         // over the engine's life
 	forced       uint64         // checkpoints colo-compare asked for before the periodic one
 	causes       causeCounts    // the forced ones by the cause colo-compare gave, when it does
+	copying      engine.Resync  // the disks' resync into the secondary, while it runs
+	protectErr   string         // why the last protection failed, until one succeeds
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -209,7 +211,7 @@ func (e *Engine) GateInterface() string { return "" }
 func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value()}
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value(), Resync: e.copying, ProtectError: e.protectErr}
 	if !e.causes.unknown && e.checkpoints > 0 {
 		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.
 		c := e.causes.life
@@ -274,12 +276,15 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		if gen != done {
 			if err := e.protect(ctx, q, rec); err != nil {
 				e.cfg.Log.Error(err, "protecting the VM failed; it runs alone and protection is retried")
+				e.mu.Lock()
+				e.protectErr = err.Error()
+				e.mu.Unlock()
 				e.teardown(ctx, q)
 				retry = time.After(2 * time.Second)
 				continue
 			}
 			e.mu.Lock()
-			e.resynced = gen
+			e.resynced, e.protectErr = gen, ""
 			e.mu.Unlock()
 		}
 	}

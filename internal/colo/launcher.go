@@ -116,10 +116,14 @@ func PrimaryDiskArgs(i int, image, format string) []string {
 // them durable: they live and die with the member's pod (KubeVirt emptyDisks; a member whose
 // node fails is replaced, never restarted from them), and on failover QEMU commits them into
 // the replica, which keeps its flushes.
+//
+// The replica unmaps what is written as zeros (discard=unmap, detect-zeroes=unmap): the resync
+// writes every zero range of the primary's disk into it, which would otherwise allocate the whole
+// of a sparse claim on the secondary's storage.
 func SecondaryDiskArgs(i int, parent, format, active, hidden string) []string {
 	n := strconv.Itoa(i)
 	return []string{
-		"-drive", "if=none,id=" + parentNode(i) + ",file.filename=" + parent + ",driver=" + format,
+		"-drive", "if=none,id=" + parentNode(i) + ",file.filename=" + parent + ",driver=" + format + ",discard=unmap,detect-zeroes=unmap",
 		"-drive", "if=none,id=childs" + n + ",driver=replication,mode=secondary,cache.no-flush=on,file.driver=qcow2,top-id=" + DiskNode(i) + "," +
 			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=" + parentNode(i),
 		"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs" + n,

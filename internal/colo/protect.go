@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +76,16 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		return err
 	}
 	disks := e.disks()
-	if err := resyncDisks(ctx, q, e.cfg.Sockets, disks); err != nil {
+	started := time.Now()
+	err := resyncDisks(ctx, q, e.cfg.Sockets, disks, func(done, total uint64) {
+		e.mu.Lock()
+		e.copying = engine.Resync{Started: started, Done: done, Total: total}
+		e.mu.Unlock()
+	})
+	e.mu.Lock()
+	e.copying = engine.Resync{}
+	e.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	// The secondary's packet streams must be connected before its copy of the VM runs.
@@ -118,31 +128,33 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 
 // resyncDisks copies each of the primary's disks into the secondary's replica, all at once (each
 // over its own NBD connection), and stops the VM once every copy has caught up: nothing may
-// change between the resync's end and the first checkpoint.
-func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int) error {
+// change between the resync's end and the first checkpoint. It takes as long as the disks need
+// (no limit: a big disk on slow storage is not an error), telling progress what is copied of
+// what there is every resyncPoll, and fails at once when a copy ends before it caught up.
+func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progress func(done, total uint64)) error {
 	// The secondary may still be starting: retry until its replicas answer.
 	for i := range disks {
 		if err := retryFor(ctx, time.Minute, func() error { return ResyncDisk(ctx, q, s, i) }); err != nil {
 			return fmt.Errorf("resync disk %d: %w", i, err)
 		}
 	}
-	if err := retryFor(ctx, 10*time.Minute, func() error {
+	for {
 		jobs, err := Jobs(ctx, q)
 		if err != nil {
 			return err
 		}
-		ready := map[string]bool{}
-		for _, j := range jobs {
-			ready[j.ID] = j.Ready
+		caughtUp, err := resyncState(jobs, disks, progress)
+		if err != nil {
+			return withDiskSizes(ctx, q, disks, err)
 		}
-		for i := range disks {
-			if !ready[resyncJob(i)] {
-				return fmt.Errorf("the resync of disk %d is not done", i)
-			}
+		if caughtUp {
+			break
 		}
-		return nil
-	}); err != nil {
-		return err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(resyncPoll):
+		}
 	}
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
 		return err
@@ -228,4 +240,63 @@ func retryFor(ctx context.Context, limit time.Duration, fn func() error) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// resyncPoll is how often the resync's progress is read.
+const resyncPoll = 500 * time.Millisecond
+
+// resyncState reads the resync jobs of disks disks: whether every one has caught up (QEMU's
+// "ready": the copy is whole and follows the guest's writes), what they copied of what there is
+// (to progress), and an error for a job that is gone before it caught up (QEMU ended it: most
+// often a replica smaller than the disk, which the mirror cannot grow over NBD).
+func resyncState(jobs []Job, disks int, progress func(done, total uint64)) (bool, error) {
+	byID := map[string]Job{}
+	for _, j := range jobs {
+		byID[j.ID] = j
+	}
+	caughtUp := true
+	var done, total uint64
+	for i := range disks {
+		j, ok := byID[resyncJob(i)]
+		if !ok {
+			return false, fmt.Errorf("the resync of disk %d ended before it caught up: QEMU stopped the copy (is the secondary's copy of the disk smaller than the primary's?)", i)
+		}
+		caughtUp = caughtUp && j.Ready
+		done += uint64(max(j.Done, 0))
+		total += uint64(max(j.Len, 0))
+	}
+	progress(done, total)
+	return caughtUp, nil
+}
+
+// withDiskSizes adds the sizes of the primary's replicated disks to a resync's error: the
+// secondary's copies must be as large.
+func withDiskSizes(ctx context.Context, q *qmp.Conn, disks int, err error) error {
+	var blocks []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			Image struct {
+				VirtualSize int64 `json:"virtual-size"`
+			} `json:"image"`
+		} `json:"inserted"`
+	}
+	if qerr := q.Execute(ctx, "query-block", nil, &blocks); qerr != nil {
+		return err
+	}
+	size := map[string]int64{}
+	for _, b := range blocks {
+		if b.Inserted != nil {
+			size[b.Device] = b.Inserted.Image.VirtualSize
+		}
+	}
+	var sizes []string
+	for i := range disks {
+		if n, ok := size[DiskNode(i)]; ok {
+			sizes = append(sizes, fmt.Sprintf("disk %d: %d bytes", i, n))
+		}
+	}
+	if len(sizes) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; the primary's disks: %s", err, strings.Join(sizes, ", "))
 }

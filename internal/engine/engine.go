@@ -121,6 +121,19 @@ type StreamStats struct {
 	CausesKnown                       bool
 	OnMismatch, OnTimeout, OnUnparsed uint64
 	UnparsedHeld                      uint64
+	// Resync is the copy of the disks into a new secondary while it runs (zero otherwise).
+	Resync Resync
+	// ProtectError is why the last attempt to protect the VM with its secondary failed ("" once
+	// one succeeds); the engine tries again.
+	ProtectError string
+}
+
+// Resync is how far the copy of a primary's disks into its new secondary has come: Done of
+// Total bytes since Started. Total is the engine's estimate, which grows when the guest writes
+// where the copy has passed.
+type Resync struct {
+	Started     time.Time
+	Done, Total uint64
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

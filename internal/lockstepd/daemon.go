@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -413,6 +414,7 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 		if st.Interval > 0 {
 			status["vLockstepInterval"] = metav1.Duration{Duration: st.Interval}
 		}
+		status["resync"] = resyncStatus(st.Resync, now)
 		var fields map[string]any
 		fields, m.rates = logRates(m.rates, st, now, d.Config.StatusInterval)
 		for k, v := range fields {
@@ -446,6 +448,23 @@ func (d *Daemon) Statuses() []agent.Status {
 		out = append(out, m.Agent.Status())
 	}
 	return out
+}
+
+// resyncStatus is the status of a resync that runs (nil, which the merge patch removes, when
+// none does): what is copied of what there is, the mean rate since it began, and when it will
+// have caught up at that rate.
+func resyncStatus(r engine.Resync, now time.Time) *ftv1.ResyncStatus {
+	if r.Started.IsZero() {
+		return nil
+	}
+	rs := &ftv1.ResyncStatus{StartTime: &metav1.Time{Time: r.Started}, DoneBytes: ptr.To(int64(r.Done)), TotalBytes: ptr.To(int64(r.Total))}
+	if elapsed := now.Sub(r.Started).Seconds(); elapsed > 0 && r.Done > 0 {
+		rate := float64(r.Done) / elapsed
+		rs.BytesPerSecond = resource.NewQuantity(int64(rate), resource.DecimalSI)
+		left := time.Duration(float64(r.Total-min(r.Done, r.Total)) / rate * float64(time.Second))
+		rs.EstimatedCompletionTime = &metav1.Time{Time: now.Add(left).Truncate(time.Second)}
+	}
+	return rs
 }
 
 // rateWindow is where a side's reported rates are measured from: its status at the window's

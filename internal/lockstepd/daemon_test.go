@@ -8,6 +8,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/agent"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 )
 
@@ -91,5 +92,30 @@ func TestCheckpointCauses(t *testing.T) {
 		if got := checkpointCauses(tc.st); !maps.Equal(got, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestResyncStatus: no resync, no status (the merge patch removes it); one under way reports
+// what is copied of what there is, its mean rate and when it catches up at that rate.
+func TestResyncStatus(t *testing.T) {
+	now := time.Date(2026, 11, 26, 7, 0, 0, 0, time.UTC)
+	if rs := resyncStatus(engine.Resync{}, now); rs != nil {
+		t.Fatalf("no resync: %+v", rs)
+	}
+	if b, _ := json.Marshal(map[string]any{"resync": resyncStatus(engine.Resync{}, now)}); string(b) != `{"resync":null}` {
+		t.Fatalf("no resync patches %s, want null", b)
+	}
+	rs := resyncStatus(engine.Resync{Started: now.Add(-10 * time.Second), Done: 1 << 30, Total: 3 << 30}, now)
+	if rs == nil || *rs.DoneBytes != 1<<30 || *rs.TotalBytes != 3<<30 || !rs.StartTime.Time.Equal(now.Add(-10*time.Second)) {
+		t.Fatalf("under way: %+v", rs)
+	}
+	if rs.BytesPerSecond == nil || rs.BytesPerSecond.Value() != (1<<30)/10 {
+		t.Errorf("rate %v, want %d", rs.BytesPerSecond, (1<<30)/10)
+	}
+	if rs.EstimatedCompletionTime == nil || !rs.EstimatedCompletionTime.Time.Equal(now.Add(20*time.Second)) {
+		t.Errorf("caught up at %v, want %v", rs.EstimatedCompletionTime, now.Add(20*time.Second))
+	}
+	if rs := resyncStatus(engine.Resync{Started: now}, now); rs == nil || rs.BytesPerSecond != nil || rs.EstimatedCompletionTime != nil {
+		t.Errorf("just started: %+v, want no rate yet", rs)
 	}
 }

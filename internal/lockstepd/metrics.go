@@ -26,11 +26,13 @@ var (
 	descCheckpoints = prometheus.NewDesc("lockstepd_checkpoints_total", "The engine's checkpoints by cause: periodic (due every checkpoint period), mismatch (the two sides' packets differed), timeout (the secondary's packet came after the compare timeout), unparsed (a packet of the primary that colo-compare cannot compare, such as IPv6 or ARP, held until a checkpoint), or forced (one of those, with a QEMU that does not say which). Mostly forced checkpoints mean that the VM's replies wait for checkpoints.", append(metricLabels, "cause"), nil)
 	descPause       = prometheus.NewDesc("lockstepd_checkpoint_pause_seconds", "How long the primary's VM stands still for a checkpoint (moving average).", metricLabels, nil)
 	descUnparsed    = prometheus.NewDesc("lockstepd_colo_unparsed_held_packets_total", "Packets of the primary that colo-compare could not compare (IPv6, ARP: anything but IPv4) and held until the next checkpoint.", metricLabels, nil)
+	descResyncDone  = prometheus.NewDesc("lockstepd_resync_done_bytes", "While the primary copies its disks into a new secondary: what is copied, of all its replicated disks together.", metricLabels, nil)
+	descResyncTotal = prometheus.NewDesc("lockstepd_resync_total_bytes", "While the primary copies its disks into a new secondary: what there is to copy (QEMU's estimate, which grows when the guest writes where the copy has passed).", metricLabels, nil)
 	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descRefused} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused} {
 		ch <- d
 	}
 }
@@ -68,6 +70,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if st.CheckpointCausesKnown {
 			ch <- prometheus.MustNewConstMetric(descUnparsed, prometheus.CounterValue, float64(st.UnparsedHeld), l...)
+		}
+		if !st.Resync.Started.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descResyncDone, prometheus.GaugeValue, float64(st.Resync.Done), l...)
+			ch <- prometheus.MustNewConstMetric(descResyncTotal, prometheus.GaugeValue, float64(st.Resync.Total), l...)
 		}
 	}
 }

@@ -112,8 +112,8 @@ func sameCPU(spec *virtv1.VirtualMachineInstanceSpec, model string) error {
 }
 
 // ReplicatedDisks are the disks COLO replicates (a disk is named as its volume), in the order of
-// the volumes: every volume backed by a claim whose disk (KubeVirt gives a volume without one a
-// disk) is not a CD-ROM. The operator names them in AnnotationReplicatedDisk; the KubeVirt hook
+// the volumes: every volume backed by a claim (a persistentVolumeClaim, or a dataVolume: its
+// claim) whose disk (KubeVirt gives a volume without one a disk) is not a CD-ROM. The operator names them in AnnotationReplicatedDisk; the KubeVirt hook
 // falls back to them.
 func ReplicatedDisks(spec *virtv1.VirtualMachineInstanceSpec) ([]string, error) {
 	cdrom := map[string]bool{}
@@ -122,12 +122,12 @@ func ReplicatedDisks(spec *virtv1.VirtualMachineInstanceSpec) ([]string, error) 
 	}
 	var disks []string
 	for _, v := range spec.Volumes {
-		if v.PersistentVolumeClaim != nil && !cdrom[v.Name] {
+		if ClaimOf(&v) != "" && !cdrom[v.Name] {
 			disks = append(disks, v.Name)
 		}
 	}
 	if len(disks) == 0 {
-		return nil, fmt.Errorf("COLO replicates the disks on PersistentVolumeClaims; the template has none")
+		return nil, fmt.Errorf("COLO replicates the disks on claims (persistentVolumeClaim or dataVolume volumes); the template has none")
 	}
 	return disks, nil
 }

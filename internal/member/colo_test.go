@@ -125,6 +125,38 @@ func TestEveryClaimIsReplicated(t *testing.T) {
 	if len(want) != 0 {
 		t.Errorf("overlays missing: %v", want)
 	}
+
+	// A dataVolume is its claim: replicated, and a member's copy of it is a plain claim; the
+	// member on the DataVolume's own claim keeps the dataVolume volume (KubeVirt waits for it).
+	onDV := ftvm.DeepCopy()
+	onDV.Spec.Template.Spec.Volumes[2].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "db-data"}}
+	dvTmpl := Normalize(onDV.UID, onDV.Spec.Template)
+	for _, c := range []struct{ claim, wantPVC, wantDV string }{{"vm-2-data", "vm-2-data", ""}, {"db-data", "", "db-data"}} {
+		vmi, err := Build(onDV, dvTmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes,
+			Claims: map[string]string{"data": c.claim}}, Options{COLO: COLO{Enabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := vmi.Annotations[ftv1.AnnotationReplicatedDisk]; got != "root,data" {
+			t.Errorf("on a dataVolume: replicated disks %q, want \"root,data\"", got)
+		}
+		for _, v := range vmi.Spec.Volumes {
+			if v.Name != "data" {
+				continue
+			}
+			pvc, dv := "", ""
+			if v.PersistentVolumeClaim != nil {
+				pvc = v.PersistentVolumeClaim.ClaimName
+			}
+			if v.DataVolume != nil {
+				dv = v.DataVolume.Name
+			}
+			if pvc != c.wantPVC || dv != c.wantDV {
+				t.Errorf("claim %s: the volume is claim %q, dataVolume %q; want %q, %q", c.claim, pvc, dv, c.wantPVC, c.wantDV)
+			}
+		}
+	}
+
 	delete(sizes, "data")
 	if _, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}}); err == nil || !strings.Contains(err.Error(), `"data"`) {
 		t.Errorf("a second claim of unknown size: %v, want an error that names it", err)

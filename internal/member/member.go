@@ -134,8 +134,8 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	spec.Affinity = pinAndSeparate(spec.Affinity, ftvm, m.Node)
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
-		if claim, ok := m.Claims[v.Name]; ok && v.PersistentVolumeClaim != nil {
-			v.PersistentVolumeClaim.ClaimName = claim
+		if claim, ok := m.Claims[v.Name]; ok && ClaimOf(v) != "" {
+			useClaim(v, claim)
 		}
 	}
 
@@ -284,4 +284,28 @@ func pinAndSeparate(a *corev1.Affinity, ftvm *ftv1.FaultTolerantVM, node string)
 			})
 	}
 	return a
+}
+
+// ClaimOf is the claim that backs a volume: a persistentVolumeClaim's, or a dataVolume's (CDI
+// names the claim as the DataVolume); "" for any other volume.
+func ClaimOf(v *virtv1.Volume) string {
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		return v.PersistentVolumeClaim.ClaimName
+	case v.DataVolume != nil:
+		return v.DataVolume.Name
+	}
+	return ""
+}
+
+// useClaim makes a claim-backed volume use claim. A dataVolume volume stays one while it names its
+// own claim (KubeVirt then waits for the DataVolume to be ready); a member's copy is a plain claim.
+func useClaim(v *virtv1.Volume, claim string) {
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		v.PersistentVolumeClaim.ClaimName = claim
+	case v.DataVolume != nil && v.DataVolume.Name != claim:
+		v.VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}
+	}
 }

@@ -3,6 +3,7 @@ package validation
 import (
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -24,13 +25,13 @@ func ValidateCOLO(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 		case v.ContainerDisk != nil:
 			errs = append(errs, field.Forbidden(p.Child("containerDisk"),
 				"a containerDisk's writes go to an overlay in its launcher pod, which COLO does not replicate, so a failover would lose them; "+
-					"import the image into a claim (a DataVolume's, once imported) and use it as a persistentVolumeClaim"))
+					"import the image into a DataVolume and use it as a dataVolume volume"))
 		case v.EmptyDisk != nil:
 			errs = append(errs, field.Forbidden(p.Child("emptyDisk"),
-				"an emptyDisk lives and dies with its launcher pod and COLO does not replicate it, so a failover would lose what the guest wrote; use a persistentVolumeClaim"))
+				"an emptyDisk lives and dies with its launcher pod and COLO does not replicate it, so a failover would lose what the guest wrote; use a blank DataVolume (or a persistentVolumeClaim)"))
 		case v.Ephemeral != nil:
 			errs = append(errs, field.Forbidden(p.Child("ephemeral"),
-				"an ephemeral volume's writes go to an overlay in its launcher pod, which COLO does not replicate, so a failover would lose them; use the claim as a persistentVolumeClaim"))
+				"an ephemeral volume's writes go to an overlay in its launcher pod, which COLO does not replicate, so a failover would lose them; use the claim as a persistentVolumeClaim (or clone it into a DataVolume)"))
 		}
 		if reservedOverlayName(v.Name) {
 			errs = append(errs, field.Invalid(p.Child("name"), v.Name,
@@ -40,7 +41,7 @@ func ValidateCOLO(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	// The disks the operator would replicate (member.ReplicatedDisks: claims that are not CD-ROMs).
 	if _, err := member.ReplicatedDisks(&ftvm.Spec.Template.Spec); err != nil {
 		errs = append(errs, field.Required(path,
-			"COLO replicates the VM's disks on claims: the template needs at least one persistentVolumeClaim volume that is a disk, not a CD-ROM (the root disk)"))
+			"COLO replicates the VM's disks on claims: the template needs at least one persistentVolumeClaim or dataVolume volume that is a disk, not a CD-ROM (the root disk)"))
 	}
 	return errs
 }
@@ -53,4 +54,14 @@ func reservedOverlayName(name string) bool {
 		}
 	}
 	return false
+}
+
+// ClaimProblem says why a claim cannot back a protected VM's disk ("" if it can): under COLO, a
+// block-mode claim (the KubeVirt hook replicates the disk.img of a filesystem claim; a block
+// device is not supported yet).
+func ClaimProblem(pvc *corev1.PersistentVolumeClaim, colo bool) string {
+	if colo && pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock {
+		return "is a block-mode claim, which lockstep's COLO does not replicate yet: use a claim of volumeMode Filesystem (a DataVolume with storage.volumeMode Filesystem)"
+	}
+	return ""
 }

@@ -20,6 +20,13 @@ func TestValidateCOLO(t *testing.T) {
 	if errs := ValidateCOLO(withCloudInit); len(errs) != 0 {
 		t.Fatalf("a VM on a claim with cloud-init and a config map: %v", errs)
 	}
+	onDataVolumes := valid()
+	onDataVolumes.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "os"}}
+	onDataVolumes.Spec.Template.Spec.Volumes = append(onDataVolumes.Spec.Template.Spec.Volumes,
+		virtv1.Volume{Name: "data", VolumeSource: virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "blank"}}})
+	if errs := ValidateCOLO(onDataVolumes); len(errs) != 0 {
+		t.Fatalf("a VM on DataVolumes: %v", errs)
+	}
 	add := func(v virtv1.Volume) func(*ftv1.FaultTolerantVM) {
 		return func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Volumes = append(f.Spec.Template.Spec.Volumes, v) }
 	}
@@ -30,16 +37,16 @@ func TestValidateCOLO(t *testing.T) {
 		want   string
 	}{
 		{"a containerDisk", add(virtv1.Volume{Name: "os", VolumeSource: virtv1.VolumeSource{ContainerDisk: &virtv1.ContainerDiskSource{Image: "quay.io/x"}}}),
-			"spec.template.spec.volumes[1].containerDisk", "import the image into a claim"},
+			"spec.template.spec.volumes[1].containerDisk", "import the image into a DataVolume"},
 		{"an emptyDisk", add(virtv1.Volume{Name: "scratch", VolumeSource: virtv1.VolumeSource{EmptyDisk: &virtv1.EmptyDiskSource{}}}),
-			"spec.template.spec.volumes[1].emptyDisk", "use a persistentVolumeClaim"},
+			"spec.template.spec.volumes[1].emptyDisk", "use a blank DataVolume"},
 		{"an ephemeral volume", add(virtv1.Volume{Name: "eph", VolumeSource: virtv1.VolumeSource{Ephemeral: &virtv1.EphemeralVolumeSource{}}}),
 			"spec.template.spec.volumes[1].ephemeral", "use the claim as a persistentVolumeClaim"},
 		{"a volume named as an overlay", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Volumes[0].Name = "colo-hidden-2" },
 			"spec.template.spec.volumes[0].name", "for the COLO overlays"},
 		{"no claim at all", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Volumes = []virtv1.Volume{{Name: "os", VolumeSource: virtv1.VolumeSource{CloudInitNoCloud: &virtv1.CloudInitNoCloudSource{}}}}
-		}, "spec.template.spec.volumes", "at least one persistentVolumeClaim"},
+		}, "spec.template.spec.volumes", "at least one persistentVolumeClaim or dataVolume"},
 		{"its only claim a CD-ROM", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}}}
 		}, "spec.template.spec.volumes", "not a CD-ROM"},

@@ -212,8 +212,8 @@ func validateVolumes(vmi *virtv1.VirtualMachineInstanceSpec, path *field.Path) f
 		switch {
 		case v.HostDisk != nil:
 			errs = append(errs, field.Forbidden(p.Child("hostDisk"), "hostDisk volumes live on one node and cannot be fault tolerant; use a persistentVolumeClaim"))
-		case v.DataVolume != nil:
-			errs = append(errs, field.Forbidden(p.Child("dataVolume"), "dataVolume volumes are not supported yet; create the PVC first and use persistentVolumeClaim"))
+		case v.DataVolume != nil && v.DataVolume.Hotpluggable:
+			errs = append(errs, field.Forbidden(p.Child("dataVolume", "hotpluggable"), "hotplugged volumes are not supported for fault tolerant VMs"))
 		case v.MemoryDump != nil:
 			errs = append(errs, field.Forbidden(p.Child("memoryDump"), "memoryDump volumes are not supported for fault tolerant VMs"))
 		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.Hotpluggable:

@@ -48,9 +48,9 @@ func TestValidate(t *testing.T) {
 		{"hostDisk", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{HostDisk: &virtv1.HostDisk{Path: "/d"}}
 		}, "spec.template.spec.volumes[0].hostDisk"},
-		{"dataVolume", func(f *ftv1.FaultTolerantVM) {
-			f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "dv"}}
-		}, "dataVolume volumes are not supported yet"},
+		{"hotplug dataVolume", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "dv", Hotpluggable: true}}
+		}, "spec.template.spec.volumes[0].dataVolume.hotpluggable"},
 		{"hotplug volume", func(f *ftv1.FaultTolerantVM) {
 			f.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.Hotpluggable = true
 		}, "hotplugged volumes"},

@@ -6,9 +6,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -35,11 +35,14 @@ const (
 
 var _ = Describe("A protected VM on the full stack", Ordered, func() {
 	var cl *client
+	var guest *guestApps
 
 	BeforeAll(func() {
-		kubectl("apply", "-f", filepath.Join(lc.Root, "test", "fullstack", "testdata", "counter-vm.yaml"))
+		guest = newGuestApps()
+		kubectl("apply", "-f", guest.vmManifest())
 	})
 	AfterAll(func() {
+		guest.stop()
 		if cl != nil {
 			cl.stop()
 			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids")
@@ -50,6 +53,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		if cl != nil {
 			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids")
 		}
+		guest.check(CurrentSpecReport().LeafNodeText)
 	})
 
 	It("reaches Protected with lockstepd's report of both sides, and the interval and bandwidth of real checkpoints", func() {
@@ -67,8 +71,30 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		cols := kubectl("get", "ftvm", ftvmName, "--no-headers")
 		Expect(strings.Fields(cols)).To(HaveLen(7), "NAME STATE PRIMARY SECONDARY INTERVAL BANDWIDTH AGE, all filled: %q", cols)
 
+		// Protection starts with the guest's boot (the secondary follows it), and the Debian guest
+		// takes a minute or two under TCG to start its services.
 		cl = startClient(vmAddr)
-		Eventually(cl.Count, time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", 5), "the VM answers the client")
+		Eventually(cl.Count, 4*time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", 5), "the VM answers the client")
+		figures.Add("apply → the counter's fifth reply (the guest booted)", time.Since(start))
+		By("the guest's PostgreSQL and Postfix, on its data disk, serve their clients")
+		guest.start()
+	})
+
+	It("fails over on kill -9 of the primary's QEMU: every acknowledged transfer and accepted message there, PostgreSQL never restarted", func() {
+		f := protected()
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		failovers := f.Status.FailoverCount
+		killed := time.Now()
+		Expect(syscall.Kill(qemuPID(p.VMI), syscall.SIGKILL)).To(Succeed())
+		Eventually(recordHolder, time.Minute, 20*time.Millisecond).Should(Equal(ftv1.SideIdentity(s.Node, s.VMI)), "the secondary goes live")
+		_, first := waitReplyAfter(cl, killed)
+		figures.Add("kill -9 of the primary's QEMU: kill → the client's next reply", first.At.Sub(killed))
+		Eventually(memberExists, 2*time.Minute, 100*time.Millisecond).WithArguments(p.VMI).Should(BeFalse(), "%s goes", p.VMI)
+		again := protectedAfter(killed)
+		figures.Add("kill -9 of the primary's QEMU: kill → Protected again", time.Since(killed))
+		Expect(again.Status.Primary.VMI).To(Equal(s.VMI))
+		Expect(again.Status.FailoverCount).To(Equal(failovers + 1))
+		expectOnePrimary()
 	})
 
 	failover := func(what string) {
@@ -314,6 +340,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			figures.Add(fmt.Sprintf("chaos step %d, %s: fault → Protected again", step.N, strings.TrimSpace(string(step.Action)+" "+step.Target)), took)
 			v := cl.Violations()
 			Expect(v).To(BeEmpty(), "at or before step %d (seed %d) the client saw what FT forbids: %s\n%s", step.N, seed, strings.Join(v, "; "), schedule)
+			guest.check(fmt.Sprintf("chaos step %d (seed %d), %s", step.N, seed, step))
 			now := getFTVM().Status.FailoverCount
 			Expect(now).To(BeNumerically(">=", failovers), "the failover count went back\n%s", schedule)
 			failovers = now

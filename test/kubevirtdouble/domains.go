@@ -28,8 +28,10 @@ import (
 // What KubeVirt would take from the VMI, it takes from the VMI: the domain name, the firmware
 // UUID, the NIC's MAC, the guest's memory and vCPUs, the disks in their order, the NoCloud ISO
 // (written from the cloudInitNoCloud volume, as the launcher writes it), startStrategy Paused.
-// A claim's disk is an image under Storage, kept across hosts, as network storage would keep it;
-// a new claim starts as a copy of the guest's image, as a DataVolume imports one.
+// A claim's disk is an image under Storage, kept across hosts, as network storage would keep it:
+// a new claim that is the VMI's first claim starts as a copy of the guest's image, as a
+// DataVolume imports one; any other starts blank, as a blank DataVolume or a new PVC does. Claims
+// removes the image once its claim is deleted.
 type Domains struct {
 	Hosts *Hosts
 	// QEMU and Guest are hack/qemu.sh's and hack/debian-guest.sh's directories; Hook the hook
@@ -251,7 +253,8 @@ func waitForDir(dir string, limit time.Duration) error {
 
 // disks are the VMI's disks in its order, each with its image on this host, as virt-launcher
 // has them: a claim's image is raw, on Storage, kept across hosts (as network storage keeps a
-// volume), and starts as a copy of the guest's; an emptyDisk is a qcow2 image of DiskSize that
+// volume), and starts as a copy of the guest's (the first claim) or blank, of DiskSize (any
+// other); an emptyDisk is a qcow2 image of DiskSize that
 // the launcher makes (the COLO overlays); a cloudInitNoCloud volume is the ISO the launcher
 // writes from it.
 func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virtlauncher.Disk, error) {
@@ -260,6 +263,7 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 		volumes[v.Name] = v
 	}
 	var disks []virtlauncher.Disk
+	claims := 0
 	for _, disk := range vmi.Spec.Domain.Devices.Disks {
 		v, ok := volumes[disk.Name]
 		if !ok {
@@ -267,13 +271,20 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 		}
 		var dd virtlauncher.Disk
 		switch {
-		case v.PersistentVolumeClaim != nil:
-			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.Claim, File: filepath.Join(d.Storage, vmi.Namespace, v.PersistentVolumeClaim.ClaimName+".img")}
+		case member.ClaimOf(&v) != "": // a persistentVolumeClaim, or a dataVolume's claim
+			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.Claim, File: ClaimImage(d.Storage, vmi.Namespace, member.ClaimOf(&v))}
+			claims++
 			if _, err := os.Stat(dd.File); err == nil {
 				break // the claim keeps its data
 			}
 			if err := os.MkdirAll(filepath.Dir(dd.File), 0o755); err != nil {
 				return nil, err
+			}
+			if claims > 1 {
+				if err := d.qemuImg("raw", dd.File); err != nil {
+					return nil, err
+				}
+				break
 			}
 			if out, err := exec.Command("cp", "--sparse=always", filepath.Join(d.Guest, "disk.img"), dd.File).CombinedOutput(); err != nil {
 				return nil, fmt.Errorf("the claim's image from the guest's: %w: %s", err, out)
@@ -289,8 +300,9 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 				return nil, err
 			}
 		default:
-			return nil, fmt.Errorf("disk %s: the double launches claims, emptyDisks and cloudInitNoCloud volumes", disk.Name)
+			return nil, fmt.Errorf("disk %s: the double launches claims (persistentVolumeClaim, dataVolume), emptyDisks and cloudInitNoCloud volumes", disk.Name)
 		}
+		dd.Serial = disk.Serial
 		disks = append(disks, dd)
 	}
 	return disks, nil

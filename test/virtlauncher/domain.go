@@ -43,6 +43,9 @@ type Disk struct {
 	Name string
 	Kind DiskKind
 	File string
+	// Serial is the disk's serial (the VMI disk's serial), which the guest sees
+	// (/dev/disk/by-id/virtio-<serial>); "" is none.
+	Serial string
 }
 
 // DiskKind is what backs a disk, which decides where KubeVirt's launcher has its image and in
@@ -109,7 +112,8 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 		disks = append(disks, libvirtxml.DomainDisk{Device: "disk", Model: "virtio-non-transitional",
 			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format, Cache: "none", ErrorPolicy: "stop", Discard: "unmap"},
 			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: image}},
-			Target: &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('a'+i)), Bus: "virtio"}, Alias: &libvirtxml.DomainAlias{Name: "ua-" + d.Name}})
+			Target: &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('a'+i)), Bus: "virtio"}, Alias: &libvirtxml.DomainAlias{Name: "ua-" + d.Name},
+			Serial: d.Serial})
 	}
 	iface := s.Interface
 	if iface == "" {

@@ -99,6 +99,10 @@ func main() {
 			size = fmt.Sprint(st.Size())
 		}
 		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, DiskSize: size, Log: log.WithName("domains")}
+		claims := &kubevirtdouble.Claims{Client: mgr.GetClient(), Storage: storage, Log: log.WithName("claims")}
+		if err := claims.SetupWithManager(mgr); err != nil {
+			fail(err, "claims controller")
+		}
 	}
 	if err := launcher.SetupWithManager(mgr); err != nil {
 		fail(err, "controller")

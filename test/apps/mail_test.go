@@ -1,0 +1,37 @@
+package apps
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMailCheck: every accepted message must be in the mailbox once; a message in doubt may be
+// there or not; none twice.
+func TestMailCheck(t *testing.T) {
+	m := &Mail{accepted: map[int]bool{1: true, 2: true, 4: true}, inDoubt: map[int]bool{3: true}}
+	lines := func(seqs ...string) string {
+		var b strings.Builder
+		for _, s := range seqs {
+			b.WriteString(SeqHeader + ": " + s + "\n")
+		}
+		return b.String()
+	}
+	for _, c := range []struct {
+		name, mailbox, wantErr string
+	}{
+		{"all there", lines("1", "2", "4"), ""},
+		{"the one in doubt there too", lines("1", "2", "3", "4"), ""},
+		{"one lost", lines("1", "4"), "1 accepted messages are not in the mailbox: [2]"},
+		{"one twice", lines("1", "2", "2", "4"), "1 messages are in the mailbox more than once: [2]"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := m.Check(c.mailbox)
+			if c.wantErr == "" && err != nil || c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)) {
+				t.Fatalf("got %v, want %q", err, c.wantErr)
+			}
+			if r.Accepted != 3 || r.InDoubt != 1 {
+				t.Errorf("report %+v", r)
+			}
+		})
+	}
+}
