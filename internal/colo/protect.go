@@ -248,7 +248,7 @@ const resyncPoll = 500 * time.Millisecond
 // resyncState reads the resync jobs of disks disks: whether every one has caught up (QEMU's
 // "ready": the copy is whole and follows the guest's writes), what they copied of what there is
 // (to progress), and an error for a job that is gone before it caught up (QEMU ended it: most
-// often a replica smaller than the disk, which the mirror cannot grow over NBD).
+// often a replica whose size is not the disk's, which QEMU's mirror refuses).
 func resyncState(jobs []Job, disks int, progress func(done, total uint64)) (bool, error) {
 	byID := map[string]Job{}
 	for _, j := range jobs {
@@ -259,7 +259,7 @@ func resyncState(jobs []Job, disks int, progress func(done, total uint64)) (bool
 	for i := range disks {
 		j, ok := byID[resyncJob(i)]
 		if !ok {
-			return false, fmt.Errorf("the resync of disk %d ended before it caught up: QEMU stopped the copy (is the secondary's copy of the disk smaller than the primary's?)", i)
+			return false, fmt.Errorf("the resync of disk %d ended before it caught up: QEMU stopped the copy (QEMU's mirror refuses a secondary's copy whose size is not exactly the disk's)", i)
 		}
 		caughtUp = caughtUp && j.Ready
 		done += uint64(max(j.Done, 0))
