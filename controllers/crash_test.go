@@ -194,13 +194,7 @@ func setupDiskPair(ns string) pairBefore {
 	for i := 1; i <= 4; i++ {
 		makeNode(fmt.Sprintf("node-%d", i), "zone-a")
 	}
-	Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	})).To(Succeed())
+	createClaim(ns, "disk", "1Gi")
 	f := newFTVM(ns, "vm")
 	f.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
 	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
@@ -645,14 +639,7 @@ var _ = Describe("A VM on a DataVolume", func() {
 		for i := 1; i <= 3; i++ {
 			makeNode(fmt.Sprintf("node-%d", i), "zone-a")
 		}
-		// CDI names the DataVolume's claim as the DataVolume.
-		Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "imported", Namespace: ns},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("3Gi")}},
-			},
-		})).To(Succeed())
+		createClaim(ns, "imported", "3Gi") // CDI names the DataVolume's claim as the DataVolume
 		f := newFTVM(ns, "vm")
 		f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "imported"}}
 		Expect(k8s.Create(ctx(), f)).To(Succeed())

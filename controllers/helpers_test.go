@@ -156,6 +156,18 @@ func leftovers() []string {
 	return out
 }
 
+// createClaim makes a ReadWriteOnce claim of size in ns, as a user would.
+func createClaim(ns, name, size string) {
+	GinkgoHelper()
+	Expect(k8s.Create(ctx(), &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	})).To(Succeed())
+}
+
 // expectNothingLeft fails, naming the spec, when a spec left anything behind: the next spec
 // must find the cluster as the suite started it.
 func expectNothingLeft() {

@@ -136,24 +136,45 @@ func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets, i int) error {
 // ReplicatedDisks is how many replicated disks the member's QEMU has: its quorums DiskNode(0),
 // DiskNode(1), ... (the launcher made one per persistent disk of the VM).
 func ReplicatedDisks(ctx context.Context, q *qmp.Conn) (int, error) {
-	var blocks []struct {
-		Device string `json:"device"`
-	}
-	if err := q.Execute(ctx, "query-block", nil, &blocks); err != nil {
+	devices, err := blockDevices(ctx, q)
+	if err != nil {
 		return 0, err
 	}
-	have := map[string]bool{}
-	for _, b := range blocks {
-		have[b.Device] = true
-	}
 	n := 0
-	for have[DiskNode(n)] {
+	for {
+		if _, ok := devices[DiskNode(n)]; !ok {
+			break
+		}
 		n++
 	}
 	if n == 0 {
 		return 0, fmt.Errorf("the member's QEMU has no replicated disk (no %s among its block devices): its launcher did not make it a COLO member", DiskNode(0))
 	}
 	return n, nil
+}
+
+// blockDevices are the QEMU's block devices (query-block), each with the virtual size of its
+// medium (0 without one).
+func blockDevices(ctx context.Context, q *qmp.Conn) (map[string]int64, error) {
+	var blocks []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			Image struct {
+				VirtualSize int64 `json:"virtual-size"`
+			} `json:"image"`
+		} `json:"inserted"`
+	}
+	if err := q.Execute(ctx, "query-block", nil, &blocks); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(blocks))
+	for _, b := range blocks {
+		out[b.Device] = 0
+		if b.Inserted != nil {
+			out[b.Device] = b.Inserted.Image.VirtualSize
+		}
+	}
+	return out, nil
 }
 
 // Tuning is how the primary's QEMU checkpoints.

@@ -272,22 +272,9 @@ func resyncState(jobs []Job, disks int, progress func(done, total uint64)) (bool
 // withDiskSizes adds the sizes of the primary's replicated disks to a resync's error: the
 // secondary's copies must be as large.
 func withDiskSizes(ctx context.Context, q *qmp.Conn, disks int, err error) error {
-	var blocks []struct {
-		Device   string `json:"device"`
-		Inserted *struct {
-			Image struct {
-				VirtualSize int64 `json:"virtual-size"`
-			} `json:"image"`
-		} `json:"inserted"`
-	}
-	if qerr := q.Execute(ctx, "query-block", nil, &blocks); qerr != nil {
+	size, qerr := blockDevices(ctx, q)
+	if qerr != nil {
 		return err
-	}
-	size := map[string]int64{}
-	for _, b := range blocks {
-		if b.Inserted != nil {
-			size[b.Device] = b.Inserted.Image.VirtualSize
-		}
 	}
 	var sizes []string
 	for i := range disks {
