@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -90,36 +91,49 @@ func currentDisk(copies []corev1.PersistentVolumeClaim, volume, userClaim string
 // labelVolume, on a copy, names the template volume it copies.
 const labelVolume = "ft.lockstep.dev/volume"
 
-// ensureMemberClaims returns the claim of each persistent volume for a new member, and the size
-// of each. A primary uses the VM's current disks; a secondary gets blank copies.
+// memberDisks are a new member's disks: the claim of each persistent volume, the size of each
+// claim, and under COLO the exact size of each replicated disk where it is known (member.DiskBytes).
+type memberDisks struct {
+	claims map[string]string
+	sizes  map[string]resource.Quantity
+	bytes  member.DiskBytes
+}
+
+// ensureMemberClaims gives a new member its disks. A primary uses the VM's current disks (and
+// their sizes, when they are copies the operator made); a secondary gets blank copies, each
+// large enough for the disk of bytes it will hold (bytes: its primary's disk sizes, or nil
+// without COLO).
 func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, spec *virtv1.VirtualMachineInstanceSpec,
-	memberName string, ordinal int, role string) (map[string]string, map[string]resource.Quantity, error) {
+	memberName string, ordinal int, role string, bytes member.DiskBytes) (memberDisks, error) {
+	out := memberDisks{claims: map[string]string{}, sizes: map[string]resource.Quantity{}, bytes: bytes}
 	volumes := pvcVolumes(spec)
 	if len(volumes) == 0 {
-		return nil, nil, nil
+		return out, nil
 	}
 	copies, err := r.diskCopies(ctx, ftvm)
 	if err != nil {
-		return nil, nil, err
+		return out, err
 	}
-	claims, sizes := map[string]string{}, map[string]resource.Quantity{}
+	if role == ftv1.RolePrimary && r.Config.Member.COLO.Enabled {
+		out.bytes = currentDiskBytes(copies, spec)
+	}
 	for volume, userClaim := range volumes {
 		var source corev1.PersistentVolumeClaim
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, &source); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, nil, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
+				return out, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
 			}
-			return nil, nil, err
+			return out, err
 		}
 		if why := validation.ClaimProblem(&source, r.Config.Member.COLO.Enabled); why != "" {
-			return nil, nil, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
+			return out, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
 		}
-		sizes[volume] = capacityOf(&source)
+		out.sizes[volume] = capacityOf(&source)
 		if role == ftv1.RolePrimary {
-			claims[volume] = currentDisk(copies, volume, userClaim)
-			if claims[volume] != userClaim {
-				if err := r.markWasPrimary(ctx, ftvm.Namespace, claims[volume]); err != nil {
-					return nil, nil, err
+			out.claims[volume] = currentDisk(copies, volume, userClaim)
+			if out.claims[volume] != userClaim {
+				if err := r.markWasPrimary(ctx, ftvm.Namespace, out.claims[volume]); err != nil {
+					return out, err
 				}
 			}
 			continue
@@ -142,15 +156,76 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: capacityOf(&source)}},
 			},
 		}
+		if n, ok := bytes[volume]; ok {
+			// The copy holds a disk of n bytes: its claim asks for that and its filesystem's
+			// overhead, and says which size it holds for a primary that starts from it later.
+			pvc.Spec.Resources.Requests[corev1.ResourceStorage] = member.CopyRequest(n, capacityOf(&source))
+			pvc.Annotations[ftv1.AnnotationDiskBytes] = strconv.FormatInt(n, 10)
+		}
 		if err := controllerutil.SetControllerReference(ftvm, pvc, r.Scheme); err != nil {
-			return nil, nil, err
+			return out, err
 		}
 		if err := r.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, nil, fmt.Errorf("creating the disk copy %s: %w", name, err)
+			return out, fmt.Errorf("creating the disk copy %s: %w", name, err)
 		}
-		claims[volume] = name
+		out.claims[volume] = name
 	}
-	return claims, sizes, nil
+	return out, nil
+}
+
+// currentDiskBytes is the exact size of each replicated disk when every one's current disk is a
+// copy the operator made (a VM restarted after a failover): each copy says the size of the disk
+// it holds. Otherwise nil: the VM's disks are the template's claims, whose images are what they
+// are until the VM runs and lockstepd measures them.
+func currentDiskBytes(copies []corev1.PersistentVolumeClaim, spec *virtv1.VirtualMachineInstanceSpec) member.DiskBytes {
+	disks, err := member.ReplicatedDisks(spec)
+	if err != nil {
+		return nil
+	}
+	volumes := pvcVolumes(spec)
+	bytes := member.DiskBytes{}
+	for _, d := range disks {
+		name := currentDisk(copies, d, volumes[d])
+		i := slices.IndexFunc(copies, func(c corev1.PersistentVolumeClaim) bool { return c.Name == name })
+		if i < 0 {
+			return nil
+		}
+		n, err := strconv.ParseInt(copies[i].Annotations[ftv1.AnnotationDiskBytes], 10, 64)
+		if err != nil || n <= 0 {
+			return nil
+		}
+		bytes[d] = n
+	}
+	return bytes
+}
+
+// errDiskSizesUnknown: under COLO, a secondary waits until its primary's disk sizes are known.
+var errDiskSizesUnknown = errors.New("the sizes of the primary's disks are not known yet")
+
+// secondaryDiskBytes are the disk sizes a new COLO secondary of primary is built with: the
+// primary's, which must be known (errDiskSizesUnknown) and ones a secondary can have
+// (member.ErrDiskSizeUnsupported). Without COLO, nil.
+func (r *FaultTolerantVMReconciler) secondaryDiskBytes(primary *virtv1.VirtualMachineInstance, spec *virtv1.VirtualMachineInstanceSpec) (member.DiskBytes, error) {
+	if !r.Config.Member.COLO.Enabled {
+		return nil, nil
+	}
+	bytes, err := member.PrimaryDiskBytes(primary)
+	if err != nil {
+		return nil, err
+	}
+	if bytes == nil {
+		node := primary.Labels[ftv1.LabelNode]
+		return nil, fmt.Errorf("%w: a COLO secondary's images must be exactly as large as the primary's disks, which lockstepd on node %s reports once primary %s runs (annotation %s)",
+			errDiskSizesUnknown, node, primary.Name, ftv1.AnnotationMeasuredDiskBytes)
+	}
+	disks, err := member.ReplicatedDisks(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := bytes.Covers(disks); err != nil {
+		return nil, fmt.Errorf("primary %s: %w", primary.Name, err)
+	}
+	return bytes, nil
 }
 
 // capacityOf is the size of a claim: what it got, else what it asked for.

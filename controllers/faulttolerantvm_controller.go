@@ -49,6 +49,8 @@ type Config struct {
 	MaxConcurrentReconciles int
 	// Signer configures lockstepd's certificate signer (not run when ServiceAccount is empty).
 	Signer SignerConfig
+	// LockstepdNamespace is where lockstepd runs and renews its node leases.
+	LockstepdNamespace string
 }
 
 // FaultTolerantVMReconciler reconciles FaultTolerantVMs.

@@ -76,7 +76,11 @@ func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s 
 		log.FromContext(ctx).Error(err, "building the secondary from the FaultTolerantVM's template")
 		tmpl = member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
 	}
-	mv, err := r.startSecondary(ctx, s, tmpl)
+	bytes, err := r.secondaryDiskBytes(s.primary.vmi, &tmpl.Spec)
+	if err != nil {
+		return r.recordPlacementError(s, &s.secondaryErr, err)
+	}
+	mv, err := r.startSecondary(ctx, s, tmpl, bytes)
 	if err != nil {
 		return r.recordPlacementError(s, &s.secondaryErr, err)
 	}
@@ -87,7 +91,8 @@ func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s 
 // recordPlacementError keeps a placement failure for the status and retries later; other errors
 // are returned.
 func (r *FaultTolerantVMReconciler) recordPlacementError(s *scope, into *error, err error) error {
-	if errors.Is(err, placement.ErrNoEligibleNode) || errors.Is(err, errSourceClaim) {
+	if errors.Is(err, placement.ErrNoEligibleNode) || errors.Is(err, errSourceClaim) || errors.Is(err, errDiskSizesUnknown) ||
+		errors.Is(err, member.ErrDiskSizeUnsupported) {
 		*into = err
 		s.requeueWithin(r.Config.RetryInterval)
 		return nil
@@ -126,11 +131,11 @@ func (nm *newMember) key(s *scope) types.NamespacedName {
 // create creates the member (and its disk copies) on node; the Placer calls it.
 func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *newMember, node string) error {
 	nm.spec.Node = node
-	claims, sizes, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role)
+	disks, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role, nm.spec.DiskBytes)
 	if err != nil {
 		return err
 	}
-	nm.spec.Claims, nm.spec.DiskSizes = claims, sizes
+	nm.spec.Claims, nm.spec.DiskSizes, nm.spec.DiskBytes = disks.claims, disks.sizes, disks.bytes
 	vmi, err := member.Build(s.ftvm, nm.tmpl, nm.spec, r.Config.Member)
 	if err != nil {
 		return err
@@ -174,24 +179,48 @@ func (r *FaultTolerantVMReconciler) awaitCached(ctx context.Context, obj client.
 
 // startPair places and creates both members of a new pair; when only the primary fits, it starts
 // alone and the status says why it is not protected.
+//
+// Under COLO the secondary is built from the primary's disk sizes: when the VM starts from the
+// template's claims they are known only once the primary runs (lockstepd measures them), so
+// the pair is placed as a whole but only the primary is created; phaseEnsureSecondary creates
+// the secondary once the sizes are there.
 func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) error {
 	p := r.prepareMember(s, tmpl, ftv1.RolePrimary, s.maxOrdinal+1)
 	sec := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+2)
 	sec.spec.Follows = p.name
+	withSecondary := true
 	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
 		func(node string) error {
+			if r.Config.Member.COLO.Enabled {
+				copies, err := r.diskCopies(ctx, s.ftvm)
+				if err != nil {
+					return err
+				}
+				withSecondary = currentDiskBytes(copies, &tmpl.Spec) != nil
+			}
 			// The new primary takes the record before it exists: a crash between the two leaves a
 			// holder that never ran, which the next reconcile finds gone and replaces.
 			next := s.record.Record
 			next.Exists, next.Holder, next.Epoch = true, p.name, s.record.Epoch+1
-			next.LastOrdinal = max(next.LastOrdinal, sec.spec.Ordinal) // both names, in the one write
+			next.LastOrdinal = max(next.LastOrdinal, p.spec.Ordinal)
+			if withSecondary {
+				next.LastOrdinal = max(next.LastOrdinal, sec.spec.Ordinal) // both names, in the one write
+			}
 			if err := r.writeRecord(ctx, s.ftvm, s.record, next, node); err != nil {
 				return err
 			}
 			p.spec.Epoch = next.Epoch
 			return r.create(ctx, s, p, node)
 		},
-		func(node string) error { return r.create(ctx, s, sec, node) })
+		func(node string) error {
+			// Without the primary's sizes, errDiskSizesUnknown: the secondary waits for them.
+			bytes, err := r.secondaryDiskBytes(p.vmi, &tmpl.Spec)
+			if err != nil {
+				return err
+			}
+			sec.spec.DiskBytes = bytes
+			return r.create(ctx, s, sec, node)
+		})
 	if pp.Primary != "" {
 		s.primary = r.created(ctx, s, p)
 	}
@@ -209,6 +238,11 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 		}
 		r.Recorder.Eventf(s.ftvm, p.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s", note)
 	}
+	if pp.Primary != "" && (errors.Is(err, errDiskSizesUnknown) || errors.Is(err, member.ErrDiskSizeUnsupported)) {
+		// The primary runs; lockstepd's measure of its disks (a change of its VMI) or the retry
+		// brings the secondary.
+		return r.recordPlacementError(s, &s.secondaryErr, err)
+	}
 	switch {
 	case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
 		// The cache trails our own earlier create, or the record moved on; the next reconcile
@@ -224,8 +258,9 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 
 // startSecondary places a new secondary away from the primary and creates it (and its disk
 // copies).
-func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) (*memberView, error) {
+func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate, bytes member.DiskBytes) (*memberView, error) {
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
+	nm.spec.DiskBytes = bytes
 	nm.req.AvoidNodes, nm.req.SuspectNodes = []string{s.primary.node}, s.suspect
 	if node, avoid := s.operationPlacement(); node != "" || avoid != "" {
 		nm.req.Node = node // a migration of the secondary

@@ -44,10 +44,11 @@ type Placer struct {
 	// yet from one that is already gone again.
 	APIReader client.Reader
 	Defaults  placement.Limits
-	// RequireLockstepd takes only nodes where lockstepd runs (it published its logging address):
-	// a COLO member's state reaches it only through lockstepd, and a secondary placed elsewhere
-	// would hold nothing.
-	RequireLockstepd bool
+	// RequireLockstepd takes only nodes where lockstepd runs (it published its logging address
+	// and renews its node lease, in LockstepdNamespace): a COLO member's state reaches it only
+	// through lockstepd, and a secondary placed elsewhere would hold nothing.
+	RequireLockstepd   bool
+	LockstepdNamespace string
 	// AssumeTTL bounds how long a created member that the cache never shows is remembered.
 	AssumeTTL time.Duration
 
@@ -278,8 +279,14 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 			continue
 		}
 		pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: byNode[n.Name], Unavailable: fits(n)}
-		if pn.Unavailable == "" && p.RequireLockstepd && n.Annotations[ftv1.AnnotationNodeLoggingAddress] == "" {
-			pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
+		if pn.Unavailable == "" && p.RequireLockstepd {
+			if running, expired := lockstepdOn(ctx, p.Reader, p.LockstepdNamespace, n, time.Now()); !running {
+				pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
+				if !expired.IsZero() {
+					pn.Unavailable = "lockstepd does not run there (its node lease " + ftv1.NodeLeaseName(n.Name) + " ran out at " +
+						expired.UTC().Format(time.RFC3339) + "), and a COLO member needs it"
+				}
+			}
 		}
 		if topologyKey != "" {
 			pn.Domain = n.Labels[topologyKey]

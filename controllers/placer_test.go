@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -192,5 +193,37 @@ func TestUnderCOLOOnlyNodesWithLockstepdTakeMembers(t *testing.T) {
 		if unavailable := got["node-0"] != ""; unavailable != colo || (colo && !strings.Contains(got["node-0"], "lockstepd does not run there")) {
 			t.Errorf("COLO %v: node-0, without lockstepd: %q", colo, got["node-0"])
 		}
+	}
+
+	// lockstepd on node-1 renews its node lease: it runs there while the lease is current, and
+	// not once it ran out (lockstepd died: its address stays on the Node).
+	p.RequireLockstepd, p.LockstepdNamespace = true, "lockstep-system"
+	renewed := metav1.NewMicroTime(time.Now())
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: ftv1.NodeLeaseName("node-1")},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &renewed, LeaseDurationSeconds: ptr.To(int32(ftv1.NodeLeaseDurationSeconds))}}
+	if err := c.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	node1 := func() string {
+		nodes, err := p.view(ctx, &virtv1.VirtualMachineInstanceSpec{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pn := range nodes {
+			if pn.Name == "node-1" {
+				return pn.Unavailable
+			}
+		}
+		return "missing"
+	}
+	if got := node1(); got != "" {
+		t.Errorf("node-1 with a current lease: %q", got)
+	}
+	lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now().Add(-time.Minute)}
+	if err := c.Update(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if got := node1(); !strings.Contains(got, "its node lease lockstepd-node-1 ran out") {
+		t.Errorf("node-1 whose lease ran out: %q", got)
 	}
 }

@@ -38,7 +38,7 @@ func CacheOptions() cache.Options {
 			&corev1.PersistentVolumeClaim{}:  {Label: managed},
 			// The members' launcher pods (KubeVirt copies the members' labels to them).
 			&corev1.Pod{}: {Label: managed},
-			// The pairs' records, not the nodes' heartbeats.
+			// The pairs' records and lockstepd's node leases, not the kubelets'.
 			&coordinationv1.Lease{}: {Label: managed},
 			// lockstepd's certificate requests, not the kubelets'.
 			&certificatesv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", nodecert.SignerName)},
@@ -65,7 +65,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled},
+			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace},
 		Config: cfg,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {

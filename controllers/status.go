@@ -101,6 +101,9 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	case s.secondary != nil && s.secondary.verdict.State == health.Pending:
 		st.State = ftv1.StateStarting
 		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting, "secondary: "+sMsg)
+	case s.secondary == nil && sReason == ftv1.ReasonWaitingForDiskSizes:
+		st.State = ftv1.StateStarting // a new COLO pair's secondary follows its primary
+		set(ftv1.ConditionProtected, false, sReason, "secondary: "+sMsg)
 	default:
 		st.State = ftv1.StateNotProtected
 		set(ftv1.ConditionProtected, false, sReason, "the VM runs without a secondary: "+sMsg)
@@ -195,6 +198,10 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 			return protectionOffCondition(s)
 		case startErr != nil && errors.Is(startErr, placement.ErrNoEligibleNode):
 			return false, ftv1.ReasonNoEligibleNode, fmt.Sprintf("no node can take the %s: %v", role, startErr)
+		case errors.Is(startErr, errDiskSizesUnknown):
+			return false, ftv1.ReasonWaitingForDiskSizes, startErr.Error()
+		case errors.Is(startErr, member.ErrDiskSizeUnsupported):
+			return false, ftv1.ReasonDiskSizeUnsupported, startErr.Error()
 		case startErr != nil:
 			return false, ftv1.ReasonDiskNotFound, startErr.Error()
 		case s.networkMissing != "":
@@ -246,14 +253,15 @@ var warningReasons = map[string]bool{
 	ftv1.ReasonNoEligibleNode: true, ftv1.ReasonNodeLost: true, ftv1.ReasonLoggingNetworkNotFound: true,
 	ftv1.ReasonInvalidSpec: true, ftv1.ReasonDiskNotFound: true, ftv1.ReasonSecondaryLost: true,
 	ftv1.ReasonPrimaryLost: true, health.ReasonNodeNotReady: true, health.ReasonNodeUnreachable: true,
-	ftv1.ReasonDuplicatePrimary: true, ftv1.ReasonWaitingForSecondary: true,
+	ftv1.ReasonDuplicatePrimary: true, ftv1.ReasonWaitingForSecondary: true, ftv1.ReasonDiskSizeUnsupported: true,
+	health.ReasonLockstepdNotRunning: true,
 }
 
 // quietReasons are first states that are not news. Any other state is, even when it is the first
 // this reconcile sees: the cache may not show the status an earlier reconcile wrote.
 var quietReasons = map[string]bool{
 	ftv1.ReasonStarting: true, ftv1.ReasonSecondaryStarting: true, ftv1.ReasonValid: true, ftv1.ReasonTemplateCurrent: true,
-	ftv1.ReasonNoneFenced: true,
+	ftv1.ReasonNoneFenced: true, ftv1.ReasonWaitingForDiskSizes: true,
 }
 
 // emitTransitions records an event when the Protected, Valid or RestartRequired condition

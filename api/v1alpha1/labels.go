@@ -15,6 +15,10 @@ const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	// ManagedByValue is LabelManagedBy's value.
 	ManagedByValue = "lockstep"
+	// LabelComponent says which part of lockstep an object belongs to; ComponentLockstepd marks
+	// lockstepd's pods and node leases.
+	LabelComponent     = "app.kubernetes.io/component"
+	ComponentLockstepd = "lockstepd"
 
 	// AnnotationOrdinal counts the members of a pair: the first primary is 1.
 	AnnotationOrdinal = "ft.lockstep.dev/ordinal"
@@ -59,6 +63,17 @@ const (
 	// AnnotationReplicatedDisk, on a member VMI, names the disks that COLO replicates, in order,
 	// comma-separated (default: every disk on a claim that is not a CD-ROM).
 	AnnotationReplicatedDisk = "ft.lockstep.dev/replicated-disk"
+	// AnnotationDiskBytes, on a member VMI, is the size in bytes of each disk COLO replicates
+	// ("<volume>=<bytes>,..."): the member opens each one's image at exactly that size and its
+	// overlays have it, since QEMU pairs only images of one size. The operator sets it on every
+	// secondary, from its primary's sizes, and on a primary that starts from copies the operator
+	// made; a primary started from the template's claims has none (its disks are what they are).
+	// On a claim the operator made, it is the size of the VM's disk that the claim holds ("<bytes>").
+	AnnotationDiskBytes = "ft.lockstep.dev/disk-bytes"
+	// AnnotationMeasuredDiskBytes, on a member VMI that runs the VM, is the size in bytes of each
+	// replicated disk as its QEMU opened it ("<volume>=<bytes>,..."); lockstepd sets it once it
+	// attached to the member's QEMU. The operator sizes the next secondary from it.
+	AnnotationMeasuredDiskBytes = "ft.lockstep.dev/measured-disk-bytes"
 
 	// AnnotationNodeLoggingAddress, on a Node, is where its lockstepd listens for FT log
 	// connections ("ip:port" on the logging network); lockstepd sets it when it starts.

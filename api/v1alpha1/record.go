@@ -48,3 +48,21 @@ func VMIOfIdentity(identity string) string {
 	_, vmi := SplitIdentity(identity)
 	return vmi
 }
+
+// lockstepd's node lease: a Lease in lockstepd's namespace by which lockstepd on a node says it
+// runs there, renewed every NodeLeaseRenewSeconds (the kubelet's node lease, for lockstepd). Under
+// COLO a member's state reaches it only through its node's lockstepd: the operator places members
+// only on nodes whose lease is current, and takes a secondary on a node whose lease expired for
+// one that may hold nothing to go live with.
+const (
+	// NodeLeaseDurationSeconds is how long a node lease holds unless renewed: longer than a
+	// lockstepd restart (a rolling upgrade), shorter than the operator's node-lost grace.
+	NodeLeaseDurationSeconds = 40
+	// NodeLeaseRenewSeconds is how often lockstepd renews it.
+	NodeLeaseRenewSeconds = 10
+	// NodeLeaseHolderSuffix: the lease's holder is "<node>/lockstepd".
+	NodeLeaseHolderSuffix = "lockstepd"
+)
+
+// NodeLeaseName is the name of node's lockstepd lease.
+func NodeLeaseName(node string) string { return "lockstepd-" + node }

@@ -50,6 +50,9 @@ type Status struct {
 	UnparsedHeld                                                       uint64
 	// Resync is the engine's copy of the disks into a new secondary, while it runs.
 	Resync engine.Resync
+	// DiskBytes are the sizes of the VM's replicated disks, in the member's order of them, on a
+	// side that runs the VM and whose engine measures them (engine.StreamStats).
+	DiskBytes []int64
 }
 
 // Status returns the agent's snapshot.
@@ -95,7 +98,7 @@ func (a *Agent) Status() Status {
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
 		st.CheckpointsOnUnparsed, st.UnparsedHeld = streams.OnUnparsed, streams.UnparsedHeld
-		st.Resync = streams.Resync
+		st.Resync, st.DiskBytes = streams.Resync, streams.DiskBytes
 		if streams.ProtectError != "" && st.Message == "" {
 			st.Message = "protecting the VM with its secondary failed (retried): " + streams.ProtectError
 		}

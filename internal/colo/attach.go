@@ -19,7 +19,7 @@ type found struct {
 	// redirectors: the secondary's packet redirectors are there: its go-live has not removed
 	// them yet (or it never went live).
 	redirectors bool
-	disks       int // replicated disks (ReplicatedDisks)
+	disks       []int64 // the replicated disks' sizes (ReplicatedDisks)
 }
 
 func inspect(ctx context.Context, q *qmp.Conn) (found, error) {
@@ -97,7 +97,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	pid := q.PeerPID()
 	e.mu.Lock()
-	e.q, e.pid, e.replicated = q, pid, f.disks
+	e.q, e.pid, e.replicated, e.diskBytes = q, pid, len(f.disks), f.disks
 	e.wasSecondary = f.rewriter
 	e.leftover = e.cfg.Primary && f.mode == "primary"
 	unfinishedGoLive := e.cfg.Primary && (f.mode == "secondary" || f.redirectors)
@@ -105,13 +105,13 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.live = false // Run finishes the go-live
 	}
 	e.mu.Unlock()
-	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "disks", f.disks, "pid", pid, "unfinishedGoLive", unfinishedGoLive)
+	e.cfg.Log.Info("attached to the member's QEMU", "status", f.status, "colo", f.mode, "diskBytes", f.disks, "pid", pid, "unfinishedGoLive", unfinishedGoLive)
 	if e.cfg.Primary {
 		return nil
 	}
 	switch {
 	case f.status == "inmigrate" && f.mode == "none":
-		return StartSecondary(ctx, q, s, f.disks)
+		return StartSecondary(ctx, q, s, len(f.disks))
 	case f.mode == "secondary":
 		return fmt.Errorf("%w: its QEMU is still in COLO from a protection whose streams ended with an earlier lockstepd; "+
 			"a secondary cannot be migrated into twice, so a new one replaces it", engine.ErrFenced)

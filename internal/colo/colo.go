@@ -133,24 +133,25 @@ func ResyncDisk(ctx context.Context, q *qmp.Conn, s Sockets, i int) error {
 	return err
 }
 
-// ReplicatedDisks is how many replicated disks the member's QEMU has: its quorums DiskNode(0),
-// DiskNode(1), ... (the launcher made one per persistent disk of the VM).
-func ReplicatedDisks(ctx context.Context, q *qmp.Conn) (int, error) {
+// ReplicatedDisks are the member's QEMU's replicated disks, each as its size in bytes: its
+// quorums DiskNode(0), DiskNode(1), ... (the launcher made one per persistent disk of the VM).
+func ReplicatedDisks(ctx context.Context, q *qmp.Conn) ([]int64, error) {
 	devices, err := blockDevices(ctx, q)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	var sizes []int64
 	for {
-		if _, ok := devices[DiskNode(n)]; !ok {
+		size, ok := devices[DiskNode(len(sizes))]
+		if !ok {
 			break
 		}
-		n++
+		sizes = append(sizes, size)
 	}
-	if n == 0 {
-		return 0, fmt.Errorf("the member's QEMU has no replicated disk (no %s among its block devices): its launcher did not make it a COLO member", DiskNode(0))
+	if len(sizes) == 0 {
+		return nil, fmt.Errorf("the member's QEMU has no replicated disk (no %s among its block devices): its launcher did not make it a COLO member", DiskNode(0))
 	}
-	return n, nil
+	return sizes, nil
 }
 
 // blockDevices are the QEMU's block devices (query-block), each with the virtual size of its

@@ -21,8 +21,10 @@ import (
 type fakeQEMU struct {
 	refuse  map[string]string
 	devices map[string]string
-	// blocks are the block devices query-block lists.
+	// blocks are the block devices query-block lists, with a medium of sizes[device] bytes
+	// where sizes has one.
 	blocks []string
+	sizes  map[string]int64
 
 	mu      sync.Mutex
 	cmds    []string
@@ -78,7 +80,11 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 			case req.Execute == "query-block":
 				var list []map[string]any
 				for _, b := range f.blocks {
-					list = append(list, map[string]any{"device": b})
+					dev := map[string]any{"device": b}
+					if n, ok := f.sizes[b]; ok {
+						dev["inserted"] = map[string]any{"image": map[string]any{"virtual-size": n}}
+					}
+					list = append(list, dev)
 				}
 				reply["return"] = list
 			}
@@ -188,17 +194,19 @@ func TestEveryPacketFilterCarriesTheVirtioNetHeader(t *testing.T) {
 }
 
 // TestEveryDiskHasItsReplicationChain: a VM with two disks (colo-disk0, colo-disk1). The engine
-// finds them in QEMU; the secondary exports a replica of each; the primary resyncs each into its
+// finds them in QEMU, with their sizes; the secondary exports a replica of each; the primary resyncs each into its
 // replica and adds a replication child to each quorum; going alone drops both.
 func TestEveryDiskHasItsReplicationChain(t *testing.T) {
 	ctx := context.Background()
 	s := Sockets{Dir: t.TempDir()}
-	f := &fakeQEMU{blocks: []string{"colo-disk0", "colo-disk1", "parent0", "parent1", "pflash0"}}
+	f := &fakeQEMU{blocks: []string{"colo-disk0", "colo-disk1", "parent0", "parent1", "pflash0"},
+		sizes: map[string]int64{"colo-disk0": 3044 << 20, "colo-disk1": 2 << 30, "parent0": 3 << 30}}
 	q := f.conn(t)
-	n, err := ReplicatedDisks(ctx, q)
-	if err != nil || n != 2 {
-		t.Fatalf("ReplicatedDisks: %d, %v; want 2", n, err)
+	sizes, err := ReplicatedDisks(ctx, q)
+	if err != nil || len(sizes) != 2 || sizes[0] != 3044<<20 || sizes[1] != 2<<30 {
+		t.Fatalf("ReplicatedDisks: %v, %v; want the two quorums' sizes", sizes, err)
 	}
+	n := len(sizes)
 	if err := StartSecondary(ctx, q, s, n); err != nil {
 		t.Fatal(err)
 	}

@@ -65,9 +65,10 @@ type Engine struct {
 	peer       engine.Peer
 	protecting context.CancelFunc // ends the protection in progress
 	q          *qmp.Conn
-	pid        int  // QEMU's, as this process sees it (0: not visible)
-	replicated int  // the VM's replicated disks, found in QEMU when the engine attached
-	leftover   bool // a primary attached to a QEMU still in COLO from an earlier lockstepd
+	pid        int     // QEMU's, as this process sees it (0: not visible)
+	replicated int     // the VM's replicated disks, found in QEMU when the engine attached
+	diskBytes  []int64 // their sizes
+	leftover   bool    // a primary attached to a QEMU still in COLO from an earlier lockstepd
 	// live: runs the VM (the primary, or a secondary that went live). A primary that is not live
 	// is a secondary whose go-live an earlier lockstepd began (it won the record) and did not finish.
 	live         bool
@@ -211,7 +212,8 @@ func (e *Engine) GateInterface() string { return "" }
 func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value(), Resync: e.copying, ProtectError: e.protectErr}
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value(), Resync: e.copying, ProtectError: e.protectErr,
+		DiskBytes: e.diskBytes}
 	if !e.causes.unknown && e.checkpoints > 0 {
 		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.
 		c := e.causes.life

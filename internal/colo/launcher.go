@@ -1,6 +1,7 @@
 package colo
 
 import (
+	"fmt"
 	"strconv"
 )
 
@@ -69,7 +70,7 @@ func parentNode(i int) string { return "parent" + strconv.Itoa(i) }
 func PrimaryArgs(vm VM, disks []string) []string {
 	args := vm.Args("primary")
 	for i, d := range disks {
-		args = append(append(args, PrimaryDiskArgs(i, d, "raw")...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
+		args = append(append(args, PrimaryDiskArgs(i, Image{Path: d, Format: "raw"})...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
 	}
 	return args
 }
@@ -77,9 +78,11 @@ func PrimaryArgs(vm VM, disks []string) []string {
 // SecondaryDisk is a secondary's replication chain of one disk: its replica of the primary's disk
 // (raw; protection resyncs it), and the active and hidden qcow2 overlays of the same size (best on
 // tmpfs), where COLO writes the secondary's own writes and the primary's replicated ones until a
-// failover merges them.
+// failover merges them. Bytes, when set, is the primary's disk's size, at which the replica is
+// opened (it may be larger).
 type SecondaryDisk struct {
 	Parent, Active, Hidden string
+	Bytes                  int64
 }
 
 // SecondaryArgs is the secondary QEMU's command line. Its packet streams dial the node's
@@ -87,7 +90,7 @@ type SecondaryDisk struct {
 func SecondaryArgs(vm VM, disks []SecondaryDisk) []string {
 	args := append(vm.Args("secondary"), SecondaryNetArgs(vm.Sockets, netdev)...)
 	for i, d := range disks {
-		args = append(append(args, SecondaryDiskArgs(i, d.Parent, "raw", d.Active, d.Hidden)...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
+		args = append(append(args, SecondaryDiskArgs(i, Image{Path: d.Parent, Format: "raw", Bytes: d.Bytes}, d.Active, d.Hidden)...), "-device", "virtio-blk-pci,drive="+DiskNode(i))
 	}
 	return append(args, IncomingArgs(vm.Sockets)...)
 }
@@ -100,10 +103,36 @@ func MonitorArgs(s Sockets) []string {
 	return []string{"-qmp", "unix:" + s.QMP() + ",server=on,wait=off"}
 }
 
-// PrimaryDiskArgs is the primary's i-th disk (its image and format) as the only child of the
-// quorum DiskNode(i), with no device: the launcher attaches the guest's disk device to it.
-func PrimaryDiskArgs(i int, image, format string) []string {
-	return []string{"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0.file.filename=" + image + ",children.0.driver=" + format}
+// Image is a replicated disk's image as a launcher attaches it.
+type Image struct {
+	Path, Format string
+	// Bytes, when set, is the disk's size: the image is opened at exactly that size (raw images
+	// only; the image may be larger, never smaller). QEMU pairs only disks of one size, and a
+	// secondary's image is its claim's, which is often larger than the primary's disk.
+	Bytes int64
+}
+
+// Validate checks that QEMU can open the image at its size.
+func (im Image) Validate() error {
+	if im.Bytes > 0 && im.Format != "raw" {
+		return fmt.Errorf("the %s image %s cannot be opened at a set size (raw images only)", im.Format, im.Path)
+	}
+	return nil
+}
+
+// options are the image's format node's options, under prefix.
+func (im Image) options(prefix string) string {
+	o := prefix + "driver=" + im.Format + "," + prefix + "file.filename=" + im.Path
+	if im.Bytes > 0 {
+		o += "," + prefix + "size=" + strconv.FormatInt(im.Bytes, 10)
+	}
+	return o
+}
+
+// PrimaryDiskArgs is the primary's i-th disk as the only child of the quorum DiskNode(i), with
+// no device: the launcher attaches the guest's disk device to it.
+func PrimaryDiskArgs(i int, disk Image) []string {
+	return []string{"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1," + disk.options("children.0.")}
 }
 
 // SecondaryDiskArgs is the secondary's replication chain of its i-th disk, with no device: its
@@ -120,10 +149,10 @@ func PrimaryDiskArgs(i int, image, format string) []string {
 // The replica unmaps what is written as zeros (discard=unmap, detect-zeroes=unmap): the resync
 // writes every zero range of the primary's disk into it, which would otherwise allocate the whole
 // of a sparse claim on the secondary's storage.
-func SecondaryDiskArgs(i int, parent, format, active, hidden string) []string {
+func SecondaryDiskArgs(i int, parent Image, active, hidden string) []string {
 	n := strconv.Itoa(i)
 	return []string{
-		"-drive", "if=none,id=" + parentNode(i) + ",file.filename=" + parent + ",driver=" + format + ",discard=unmap,detect-zeroes=unmap",
+		"-drive", "if=none,id=" + parentNode(i) + "," + parent.options("") + ",discard=unmap,detect-zeroes=unmap",
 		"-drive", "if=none,id=childs" + n + ",driver=replication,mode=secondary,cache.no-flush=on,file.driver=qcow2,top-id=" + DiskNode(i) + "," +
 			"file.file.filename=" + active + ",file.backing.driver=qcow2,file.backing.file.filename=" + hidden + ",file.backing.backing=" + parentNode(i),
 		"-drive", "if=none,id=" + DiskNode(i) + ",driver=quorum,read-pattern=fifo,vote-threshold=1,children.0=childs" + n,

@@ -46,9 +46,12 @@ type Member struct {
 
 // ReplicatedDisk is a disk to replicate and its overlays: a secondary's active and hidden disks
 // (qcow2 images of the disk's size, which KubeVirt makes for emptyDisk volumes), which the hook
-// takes out of the guest's devices on every member.
+// takes out of the guest's devices on every member. Bytes is the disk's size, at which its image
+// is opened (the VMI's AnnotationDiskBytes): always on a secondary, whose claim is larger than
+// the primary's disk; 0 on a primary whose disk is its whole image.
 type ReplicatedDisk struct {
 	Disk, Active, Hidden Disk
+	Bytes                int64
 }
 
 // Disk is a disk of the VMI as the domain has it.
@@ -99,14 +102,21 @@ func Mutate(domainXML []byte, m Member) ([]byte, error) {
 		args = append(args, colo.SecondaryNetArgs(m.Sockets, netdev)...)
 	}
 	for i, rd := range m.Disks {
+		image := colo.Image{Path: rd.Disk.Image, Format: rd.Disk.Format, Bytes: rd.Bytes}
+		if err := image.Validate(); err != nil {
+			return nil, fmt.Errorf("disk %s: %w", rd.Disk.Alias, err)
+		}
 		if !m.Secondary {
-			args = append(args, colo.PrimaryDiskArgs(i, rd.Disk.Image, rd.Disk.Format)...)
+			args = append(args, colo.PrimaryDiskArgs(i, image)...)
 			continue
 		}
 		if rd.Active.Image == "" || rd.Hidden.Image == "" {
 			return nil, fmt.Errorf("a secondary needs the active and hidden overlays of disk %s", rd.Disk.Alias)
 		}
-		args = append(args, colo.SecondaryDiskArgs(i, rd.Disk.Image, rd.Disk.Format, rd.Active.Image, rd.Hidden.Image)...)
+		if rd.Bytes == 0 {
+			return nil, fmt.Errorf("a secondary opens its replica of disk %s at the primary's disk's size, which the VMI does not give (annotation ft.lockstep.dev/disk-bytes)", rd.Disk.Alias)
+		}
+		args = append(args, colo.SecondaryDiskArgs(i, image, rd.Active.Image, rd.Hidden.Image)...)
 	}
 	if m.Secondary {
 		args = append(args, colo.IncomingArgs(m.Sockets)...)

@@ -19,7 +19,10 @@ import (
 var references = []string{"q35-seabios.xml", "q35-ovmf.xml"}
 
 // The reference VMI's replicated disks (both filesystem claims) and their overlays.
-var replicated = []struct{ name, active, hidden string }{{"rootdisk", "colo-active", "colo-hidden"}, {"datadisk", "colo-active-1", "colo-hidden-1"}}
+var replicated = []struct {
+	name, active, hidden string
+	bytes                int64 // the primary's disk's, at which a secondary opens its replica
+}{{"rootdisk", "colo-active", "colo-hidden", 3044 << 20}, {"datadisk", "colo-active-1", "colo-hidden-1", 2 << 30}}
 
 func claimImage(name string) string {
 	return "/var/run/kubevirt-private/vmi-disks/" + name + "/disk.img"
@@ -33,6 +36,9 @@ func member(secondary bool) domainhook.Member {
 			Disk:   domainhook.Disk{Alias: "ua-" + r.name, Image: claimImage(r.name), Format: "raw"},
 			Active: domainhook.Disk{Alias: "ua-" + r.active, Image: emptyImage(r.active), Format: "qcow2"},
 			Hidden: domainhook.Disk{Alias: "ua-" + r.hidden, Image: emptyImage(r.hidden), Format: "qcow2"}})
+		if secondary {
+			m.Disks[len(m.Disks)-1].Bytes = r.bytes
+		}
 	}
 	return m
 }
@@ -153,9 +159,9 @@ func checkMember(t *testing.T, d *libvirtxml.Domain, m domainhook.Member) {
 	}
 	for i, r := range replicated {
 		if m.Secondary {
-			want = append(want, colo.SecondaryDiskArgs(i, claimImage(r.name), "raw", emptyImage(r.active), emptyImage(r.hidden)))
+			want = append(want, colo.SecondaryDiskArgs(i, colo.Image{Path: claimImage(r.name), Format: "raw", Bytes: r.bytes}, emptyImage(r.active), emptyImage(r.hidden)))
 		} else {
-			want = append(want, colo.PrimaryDiskArgs(i, claimImage(r.name), "raw"))
+			want = append(want, colo.PrimaryDiskArgs(i, colo.Image{Path: claimImage(r.name), Format: "raw"}))
 		}
 	}
 	for _, w := range want {
@@ -243,7 +249,7 @@ func TestMutate(t *testing.T) {
 		{"a second disk elsewhere", func(x string) string {
 			return strings.Replace(x, "vmi-disks/datadisk/disk.img", "elsewhere/disk.img", 1)
 		}, nil, "the hook expects the raw image " + claimImage("datadisk")},
-		{"a secondary without its overlays", nil, func(m *domainhook.Member) { m.Secondary, m.Disks[1].Active = true, domainhook.Disk{} }, "overlays of disk ua-datadisk"},
+		{"a secondary without its overlays", nil, func(m *domainhook.Member) { *m = member(true); m.Disks[1].Active = domainhook.Disk{} }, "overlays of disk ua-datadisk"},
 		{"raw overlays", func(x string) string {
 			return strings.Replace(x, `type="qcow2"`, `type="raw"`, 1)
 		}, func(m *domainhook.Member) { m.Disks[0].Active.Format = "raw" }, "COLO's overlays must be qcow2"},
@@ -272,5 +278,42 @@ func TestMutate(t *testing.T) {
 				t.Fatalf("got %v, want an error with %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestDiskSizes: a secondary opens each replica at its primary's disk's size (QEMU's raw "size"
+// option: the claim's image is larger), and is refused without it; a primary opens its disk at
+// the size it is given (one started from copies), or whole; only a raw image takes a size.
+func TestDiskSizes(t *testing.T) {
+	d := reference(t, references[0])
+	a := strings.Join(args(mutate(t, d, member(true))), " ")
+	for _, want := range []string{
+		"id=parent0,driver=raw,file.filename=" + claimImage("rootdisk") + ",size=3191865344,",
+		"id=parent1,driver=raw,file.filename=" + claimImage("datadisk") + ",size=2147483648,",
+	} {
+		if !strings.Contains(a, want) {
+			t.Errorf("the secondary's arguments lack %q:\n%s", want, a)
+		}
+	}
+	p := member(false)
+	if a := strings.Join(args(mutate(t, d, p)), " "); strings.Contains(a, "size=") {
+		t.Errorf("a primary with no sizes opened its disk at one: %s", a)
+	}
+	p.Disks[1].Bytes = 2 << 30
+	if a := strings.Join(args(mutate(t, d, p)), " "); !strings.Contains(a, "children.0.file.filename="+claimImage("datadisk")+",children.0.size=2147483648") {
+		t.Errorf("a primary started from copies does not open its disk at the disk's size: %s", a)
+	}
+
+	raw, err := d.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := member(true)
+	s.Disks[0].Bytes = 0
+	if _, err := domainhook.Mutate([]byte(raw), s); err == nil || !strings.Contains(err.Error(), "ft.lockstep.dev/disk-bytes") {
+		t.Errorf("a secondary without its primary's disk sizes: %v", err)
+	}
+	if err := (colo.Image{Path: "/disk.qcow2", Format: "qcow2", Bytes: 2 << 30}).Validate(); err == nil || !strings.Contains(err.Error(), "raw images only") {
+		t.Errorf("a qcow2 image at a set size: %v", err)
 	}
 }

@@ -126,6 +126,9 @@ type StreamStats struct {
 	// ProtectError is why the last attempt to protect the VM with its secondary failed ("" once
 	// one succeeds); the engine tries again.
 	ProtectError string
+	// DiskBytes are the sizes of the VM's replicated disks in bytes, in the member's order of
+	// them (nil until the engine attached to its VM): a new secondary's must be the same.
+	DiskBytes []int64
 }
 
 // Resync is how far the copy of a primary's disks into its new secondary has come: Done of

@@ -1,7 +1,8 @@
 // Package kubevirthook serves internal/domainhook to KubeVirt's virt-launcher over both of
 // KubeVirt's interfaces: the hook sidecar's callbacks (v1alpha3, any KubeVirt release with the
 // Sidecar feature gate) and the Plugins API's domain hook (v1.9 and later, feature gate Plugins).
-// It reads from the VMI what the mutation needs: the member's role and directory, and its disks.
+// It reads from the VMI what the mutation needs: the member's role and directory, and its disks
+// with their sizes.
 package kubevirthook
 
 import (
@@ -91,6 +92,10 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 			return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
 		}
 	}
+	bytes, err := member.ParseDiskBytes(vmi.Annotations[ftv1.AnnotationDiskBytes])
+	if err != nil {
+		return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
 	m := domainhook.Member{
 		Secondary: role == ftv1.RoleSecondary,
 		Sockets:   colo.Sockets{Dir: filepath.Join(h.RunDir, string(vmi.UID))},
@@ -98,7 +103,7 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 	}
 	for i, disk := range disks {
 		active, hidden := member.Overlays(i)
-		m.Disks = append(m.Disks, domainhook.ReplicatedDisk{Disk: claimDisk(disk), Active: emptyDisk(active), Hidden: emptyDisk(hidden)})
+		m.Disks = append(m.Disks, domainhook.ReplicatedDisk{Disk: claimDisk(disk), Active: emptyDisk(active), Hidden: emptyDisk(hidden), Bytes: bytes[disk]})
 	}
 	return m, true, nil
 }

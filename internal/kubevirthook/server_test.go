@@ -50,6 +50,9 @@ func vmiJSON(t *testing.T, role string) []byte {
 	if role != "" {
 		vmi.Labels[ftv1.LabelRole] = role
 	}
+	if role == ftv1.RoleSecondary {
+		vmi.Annotations = map[string]string{ftv1.AnnotationDiskBytes: "rootdisk=3191865344,datadisk=2147483648"}
+	}
 	b, err := json.Marshal(vmi)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +117,7 @@ func TestBothKubeVirtInterfaces(t *testing.T) {
 	}
 	x := string(out.DomainXML)
 	for _, want := range []string{"/var/run/lockstep/0c4e2f1a/qmp.sock", "-incoming", "filter-redirector", `alias="ua-rootdisk"`, `alias="ua-datadisk"`,
-		"id=colo-disk1,driver=quorum", "vmi-disks/datadisk/disk.img", "empty-disks/colo-active-1.qcow2"} {
+		"id=colo-disk1,driver=quorum", "vmi-disks/datadisk/disk.img,size=2147483648", "empty-disks/colo-active-1.qcow2"} {
 		if !strings.Contains(x, want) {
 			t.Errorf("the secondary's domain lacks %s:\n%s", want, x)
 		}

@@ -58,6 +58,8 @@ type Config struct {
 	GateHook string
 	// Engine names the VM engine.
 	Engine string
+	// Namespace is lockstepd's own, where it keeps its node lease (ftv1.NodeLeaseName).
+	Namespace string
 }
 
 // DefaultConfig is the configuration with every flag at its default.
@@ -94,6 +96,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HealthAddress, "health-probe-bind-address", ":9411", "Health and readiness probes address (0: off).")
 	fs.StringVar(&c.GateHook, "gate-hook", "forward", "Where the kernel gate catches VM packets: forward or output.")
 	fs.StringVar(&c.Engine, "engine", "", "VM engine.")
+	fs.StringVar(&c.Namespace, "namespace", "lockstep-system", "lockstepd's namespace (the DaemonSet passes metadata.namespace), where it renews its node lease, lockstepd-<node-name>.")
 }
 
 // FromEnv sets every flag not given on the command line from its LOCKSTEPD_* variable.

@@ -33,6 +33,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/arbiter"
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
+	ftmember "github.com/lockstep-dev/lockstep/internal/member"
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
@@ -65,6 +66,8 @@ type member struct {
 	reportedAt time.Time
 	rates      rateWindow
 	syncMarked bool
+	// disksMeasured: the member's disk sizes are on its VMI (AnnotationMeasuredDiskBytes).
+	disksMeasured bool
 }
 
 // identityOf names a side in the pair's Lease (its record): "<node>/<vmi>"; vmiOf reads the VMI
@@ -97,6 +100,10 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	d.agents = map[types.NamespacedName]*member{}
 	registerMetrics(d)
 	if err := mgr.Add(manager.RunnableFunc(d.serve)); err != nil {
+		return err
+	}
+	if err := mgr.Add(&nodeLease{Client: d.Records, Namespace: d.Config.Namespace, Node: d.Config.NodeName, Ready: d.ready,
+		Every: ftv1.NodeLeaseRenewSeconds * time.Second}); err != nil {
 		return err
 	}
 	if err := mgr.Add(&dirSweeper{RunDir: d.Config.RunDir, Reader: mgr.GetClient(), Every: 5 * time.Minute, Grace: 10 * time.Minute}); err != nil {
@@ -379,7 +386,35 @@ func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virt
 		}
 		m.syncMarked = true
 	}
+	if st.RunsVM && len(st.DiskBytes) > 0 && !m.disksMeasured {
+		// Not in the way of the report: without the sizes, only a new secondary waits.
+		if err := d.publishDiskBytes(ctx, vmi, st.DiskBytes); err != nil {
+			log.FromContext(ctx).Error(err, "publishing the sizes of the member's disks; retrying", "vmi", key.String())
+		} else {
+			m.disksMeasured = true
+		}
+	}
 	return d.report(ctx, m, st)
+}
+
+// publishDiskBytes puts the sizes of the VM's replicated disks, as the engine measured them, on
+// the member that runs it: the operator makes the next secondary's images exactly as large.
+func (d *Daemon) publishDiskBytes(ctx context.Context, vmi *virtv1.VirtualMachineInstance, sizes []int64) error {
+	names := ftmember.ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk])
+	if len(names) == 0 {
+		names, _ = ftmember.ReplicatedDisks(&vmi.Spec)
+	}
+	if len(names) != len(sizes) {
+		return fmt.Errorf("its QEMU has %d replicated disks, its VMI names %d (%v)", len(sizes), len(names), names)
+	}
+	b := ftmember.DiskBytes{}
+	for i, n := range names {
+		b[n] = sizes[i]
+	}
+	if vmi.Annotations[ftv1.AnnotationMeasuredDiskBytes] == b.String() {
+		return nil
+	}
+	return client.IgnoreNotFound(d.Client.Patch(ctx, vmi, annotate(map[string]string{ftv1.AnnotationMeasuredDiskBytes: b.String()})))
 }
 
 // report writes the agent's side into the FaultTolerantVM's status: at once when the state

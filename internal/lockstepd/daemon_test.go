@@ -3,6 +3,7 @@ package lockstepd
 import (
 	"encoding/json"
 	"maps"
+	"reflect"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func TestLogRates(t *testing.T) {
 		if string(got) != tc.want {
 			t.Errorf("%s:\n got %s\nwant %s", tc.name, got, tc.want)
 		}
-		if restarted := next.at.Equal(now) && next.from == tc.st; restarted != tc.restarts {
+		if restarted := next.at.Equal(now) && reflect.DeepEqual(next.from, tc.st); restarted != tc.restarts {
 			t.Errorf("%s: the next window restarts: %v, want %v", tc.name, restarted, tc.restarts)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	virtv1 "kubevirt.io/api/core/v1"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -36,6 +37,8 @@ const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 
 // applyCOLO adds to a member's VMI what the KubeVirt hook reads and COLO needs:
 //   - the replicated disks, every persistent disk of the VM, named in AnnotationReplicatedDisk;
+//   - the disks' exact sizes (AnnotationDiskBytes), when known (disksizes.go): on a secondary
+//     always, from its primary;
 //   - each one's two overlays (Overlays): emptyDisk volumes of its size, on every member so that
 //     both VMIs keep one spec (the hook never shows them to the guest);
 //   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
@@ -51,8 +54,26 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	if err := sameCPU(spec, c.CPUModel); err != nil {
 		return err
 	}
+	if m.Role == ftv1.RoleSecondary && m.DiskBytes == nil {
+		return fmt.Errorf("a COLO secondary is built from its primary's disk sizes, which are not known")
+	}
+	exact := DiskBytes{}
+	if m.DiskBytes != nil {
+		if err := m.DiskBytes.Covers(disks); err != nil {
+			return err
+		}
+		for _, d := range disks {
+			exact[d] = m.DiskBytes[d]
+		}
+		vmi.Annotations[ftv1.AnnotationDiskBytes] = exact.String()
+	}
 	for i, disk := range disks {
+		// The overlays are the disk's size. A primary whose disks' sizes are not known yet (it
+		// starts from the template's claims) never uses its own: they have its claims' sizes.
 		size, ok := m.DiskSizes[disk]
+		if n, known := exact[disk]; known {
+			size, ok = *resource.NewQuantity(n, resource.BinarySI), true
+		}
 		if !ok || size.IsZero() {
 			return fmt.Errorf("COLO replicates disk %q, whose claim's size is not known", disk)
 		}

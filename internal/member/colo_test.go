@@ -2,6 +2,7 @@ package member
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -28,8 +29,11 @@ func TestCOLOMembers(t *testing.T) {
 	volume := disk
 	size := resource.MustParse("10Gi")
 	build := func(role string) *virtv1.VirtualMachineInstance {
-		vmi, err := Build(ftvm, tmpl, Member{Ordinal: 1, Role: role, Node: "n1", Since: time.Unix(0, 0),
-			DiskSizes: map[string]resource.Quantity{volume: size}}, opts)
+		m := Member{Ordinal: 1, Role: role, Node: "n1", Since: time.Unix(0, 0), DiskSizes: map[string]resource.Quantity{volume: size}}
+		if role == ftv1.RoleSecondary {
+			m.DiskBytes = DiskBytes{volume: size.Value()}
+		}
+		vmi, err := Build(ftvm, tmpl, m, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,6 +92,53 @@ func TestCOLOMembers(t *testing.T) {
 	if _, err := Build(ftvm, tmpl, Member{Role: ftv1.RolePrimary, Node: "n1"}, opts); err == nil || !strings.Contains(err.Error(), "whose claim's size is not known") {
 		t.Errorf("a disk of unknown size: %v", err)
 	}
+	if p.Annotations[ftv1.AnnotationDiskBytes] != "" || s.Annotations[ftv1.AnnotationDiskBytes] != volume+"=10737418240" {
+		t.Errorf("disk sizes: primary %q (want none: it starts from the template's claims), secondary %q",
+			p.Annotations[ftv1.AnnotationDiskBytes], s.Annotations[ftv1.AnnotationDiskBytes])
+	}
+}
+
+// TestCOLOSecondaryIsSizedFromItsPrimary: a secondary's overlays and its disk-bytes annotation
+// are the primary's disk sizes, not its claims' (which a storage class rounds, and which hold the
+// filesystem's overhead too); a disk whose size is not a whole MiB, which no KubeVirt emptyDisk
+// can match, is refused with what to do; a secondary without its primary's sizes is refused.
+func TestCOLOSecondaryIsSizedFromItsPrimary(t *testing.T) {
+	ftvm := testFTVM()
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	opts := Options{COLO: COLO{Enabled: true}}
+	disks, err := ReplicatedDisks(&tmpl.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	volume := disks[0]
+	claim := map[string]resource.Quantity{volume: resource.MustParse("11Gi")}
+	const disk = 9_663_676_416 // 9216 MiB: what CDI made of a 10Gi claim, say
+	for _, role := range []string{ftv1.RoleSecondary, ftv1.RolePrimary} {
+		vmi, err := Build(ftvm, tmpl, Member{Ordinal: 3, Role: role, Node: "n1", DiskSizes: claim, DiskBytes: DiskBytes{volume: disk, "other": MiB}}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := vmi.Annotations[ftv1.AnnotationDiskBytes]; got != volume+"=9663676416" {
+			t.Errorf("%s: disk sizes %q, want only the replicated disk's", role, got)
+		}
+		for _, v := range vmi.Spec.Volumes {
+			if (v.Name == ftv1.DiskColoActive || v.Name == ftv1.DiskColoHidden) && (v.EmptyDisk == nil || v.EmptyDisk.Capacity.Value() != disk) {
+				t.Errorf("%s: overlay %s is %+v, want an emptyDisk of %d bytes", role, v.Name, v.VolumeSource, disk)
+			}
+		}
+	}
+	_, err = Build(ftvm, tmpl, Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: claim, DiskBytes: DiskBytes{volume: disk + 512}}, opts)
+	if !errors.Is(err, ErrDiskSizeUnsupported) || !strings.Contains(err.Error(), "9663676928 bytes") || !strings.Contains(err.Error(), "multiple of 1 MiB") {
+		t.Errorf("a disk of 9216 MiB and 512 bytes: %v", err)
+	}
+	_, err = Build(ftvm, tmpl, Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: claim}, opts)
+	if err == nil || !strings.Contains(err.Error(), "primary's disk sizes") {
+		t.Errorf("a secondary without its primary's sizes: %v", err)
+	}
+	_, err = Build(ftvm, tmpl, Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: claim, DiskBytes: DiskBytes{"other": MiB}}, opts)
+	if err == nil || !strings.Contains(err.Error(), "is not known") {
+		t.Errorf("sizes that miss the replicated disk: %v", err)
+	}
 }
 
 // TestEveryClaimIsReplicated: a template with two claims (and a CD-ROM on a third, which is not
@@ -103,7 +154,8 @@ func TestEveryClaimIsReplicated(t *testing.T) {
 	ftvm.Spec.Template.Spec.Domain.Devices.Disks = []virtv1.Disk{{Name: "root"}, {Name: "installer", DiskDevice: virtv1.DiskDevice{CDRom: &virtv1.CDRomTarget{}}}, {Name: "data"}}
 	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
 	sizes := map[string]resource.Quantity{"root": resource.MustParse("10Gi"), "data": resource.MustParse("50Gi")}
-	vmi, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", Since: time.Unix(0, 0), DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}})
+	bytes := DiskBytes{"root": 10 << 30, "data": 50 << 30}
+	vmi, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", Since: time.Unix(0, 0), DiskSizes: sizes, DiskBytes: bytes}, Options{COLO: COLO{Enabled: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +184,7 @@ func TestEveryClaimIsReplicated(t *testing.T) {
 	onDV.Spec.Template.Spec.Volumes[2].VolumeSource = virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "db-data"}}
 	dvTmpl := Normalize(onDV.UID, onDV.Spec.Template)
 	for _, c := range []struct{ claim, wantPVC, wantDV string }{{"vm-2-data", "vm-2-data", ""}, {"db-data", "", "db-data"}} {
-		vmi, err := Build(onDV, dvTmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes,
+		vmi, err := Build(onDV, dvTmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes, DiskBytes: bytes,
 			Claims: map[string]string{"data": c.claim}}, Options{COLO: COLO{Enabled: true}})
 		if err != nil {
 			t.Fatal(err)
@@ -158,7 +210,7 @@ func TestEveryClaimIsReplicated(t *testing.T) {
 	}
 
 	delete(sizes, "data")
-	if _, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RoleSecondary, Node: "n1", DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}}); err == nil || !strings.Contains(err.Error(), `"data"`) {
+	if _, err := Build(ftvm, tmpl, Member{Ordinal: 2, Role: ftv1.RolePrimary, Node: "n1", DiskSizes: sizes}, Options{COLO: COLO{Enabled: true}}); err == nil || !strings.Contains(err.Error(), `"data"`) {
 		t.Errorf("a second claim of unknown size: %v, want an error that names it", err)
 	}
 }

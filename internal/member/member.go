@@ -47,6 +47,9 @@ type Member struct {
 	Claims map[string]string
 	// DiskSizes maps a volume name to the size of its claim.
 	DiskSizes map[string]resource.Quantity
+	// DiskBytes, under COLO, is the exact size of each replicated disk, when known: always on a
+	// secondary (its primary's), on a primary only when it starts from copies made for it.
+	DiskBytes DiskBytes
 	Since     time.Time
 	// LogBandwidthMbps is the logging bandwidth placement reserved for the member.
 	LogBandwidthMbps int

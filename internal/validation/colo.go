@@ -14,14 +14,23 @@ import (
 // COLO replicates the VM's memory and each of its disks on a claim: a disk whose writes live in
 // the launcher pod (a containerDisk's overlay, an emptyDisk, an ephemeral volume's overlay) is
 // replicated by nothing, and after a failover the guest would find its writes gone. Such a VM is
-// refused rather than protected in half. Read-only disks made from the VMI (cloud-init, config
+// refused rather than protected in half, as is a CD-ROM on a claim (the secondary's copy of a
+// claim that is not replicated is blank). Read-only disks made from the VMI (cloud-init, config
 // maps, secrets) are the same on both members and pass.
 func ValidateCOLO(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	var errs field.ErrorList
 	path := field.NewPath("spec", "template", "spec", "volumes")
+	cdrom := map[string]bool{}
+	for _, d := range ftvm.Spec.Template.Spec.Domain.Devices.Disks {
+		cdrom[d.Name] = d.CDRom != nil
+	}
 	for i, v := range ftvm.Spec.Template.Spec.Volumes {
 		p := path.Index(i)
 		switch {
+		case cdrom[v.Name] && member.ClaimOf(&v) != "":
+			errs = append(errs, field.Forbidden(p,
+				"a CD-ROM on a claim: COLO replicates disks, not CD-ROMs, so the secondary's copy of the claim would be blank and a failover would take the guest's medium away; "+
+					"attach the image as a disk, or remove the CD-ROM once the guest no longer needs it"))
 		case v.ContainerDisk != nil:
 			errs = append(errs, field.Forbidden(p.Child("containerDisk"),
 				"a containerDisk's writes go to an overlay in its launcher pod, which COLO does not replicate, so a failover would lose them; "+

@@ -94,6 +94,16 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		t.Errorf("a record naming a member of its node: %v", err)
 	}
 	denied("a record naming another node's member", "only a member of its own node", lsd.Create(ctx, lease(other+"/vm-on-b")))
+	// Its node lease (lockstepd-<node>), which says that lockstepd runs on the node: its own only.
+	nodeLease := func(node string) *coordinationv1.Lease {
+		holder := ftv1.SideIdentity(own, ftv1.NodeLeaseHolderSuffix) // a holder the record rule lets through
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "identity", Name: ftv1.NodeLeaseName(node)},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder}}
+	}
+	if err := lsd.Create(ctx, nodeLease(own)); err != nil {
+		t.Errorf("its own node lease: %v", err)
+	}
+	denied("another node's node lease", "may renew only its own node lease", lsd.Create(ctx, nodeLease(other)))
 
 	// A FaultTolerantVM's status: a lockstepd writes the report of a side on its node only.
 	guest := resource.MustParse("64Mi")

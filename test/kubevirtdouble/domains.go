@@ -29,9 +29,10 @@ import (
 // UUID, the NIC's MAC, the guest's memory and vCPUs, the disks in their order, the NoCloud ISO
 // (written from the cloudInitNoCloud volume, as the launcher writes it), startStrategy Paused.
 // A claim's disk is an image under Storage, kept across hosts, as network storage would keep it:
-// a new claim that is the VMI's first claim starts as a copy of the guest's image, as a
-// DataVolume imports one; any other starts blank, as a blank DataVolume or a new PVC does. Claims
-// removes the image once its claim is deleted.
+// a new claim of the user's that is the VMI's first claim starts as the guest's image, as a
+// DataVolume imports one; any other starts blank, as a blank DataVolume or a new PVC does; each
+// at the size CDI or KubeVirt gives it (images.go). Claims removes the image once its claim is
+// deleted.
 type Domains struct {
 	Hosts *Hosts
 	// QEMU and Guest are hack/qemu.sh's and hack/debian-guest.sh's directories; Hook the hook
@@ -39,9 +40,6 @@ type Domains struct {
 	QEMU, Guest, Hook string
 	// Storage holds the claims' images (<namespace>/<claim>.img).
 	Storage string
-	// DiskSize is the size of the emptyDisks' images (COLO needs the overlays of the replicated
-	// disk's size: the guest's image's).
-	DiskSize string
 	// Changed receives the VMIs whose domain changed state.
 	Changed chan event.GenericEvent
 	Log     logr.Logger
@@ -253,10 +251,9 @@ func waitForDir(dir string, limit time.Duration) error {
 
 // disks are the VMI's disks in its order, each with its image on this host, as virt-launcher
 // has them: a claim's image is raw, on Storage, kept across hosts (as network storage keeps a
-// volume), and starts as a copy of the guest's (the first claim) or blank, of DiskSize (any
-// other); an emptyDisk is a qcow2 image of DiskSize that
-// the launcher makes (the COLO overlays); a cloudInitNoCloud volume is the ISO the launcher
-// writes from it.
+// volume), and made as CDI or KubeVirt would when the claim has none (claimImage); an emptyDisk
+// is a qcow2 image that the launcher makes (the COLO overlays); a cloudInitNoCloud volume is the
+// ISO the launcher writes from it.
 func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virtlauncher.Disk, error) {
 	volumes := map[string]virtv1.Volume{}
 	for _, v := range vmi.Spec.Volumes {
@@ -270,28 +267,19 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 			return nil, fmt.Errorf("disk %s has no volume", disk.Name)
 		}
 		var dd virtlauncher.Disk
-		switch {
-		case member.ClaimOf(&v) != "": // a persistentVolumeClaim, or a dataVolume's claim
-			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.Claim, File: ClaimImage(d.Storage, vmi.Namespace, member.ClaimOf(&v))}
+		switch claim := member.ClaimOf(&v); {
+		case claim != "": // a persistentVolumeClaim, or a dataVolume's claim
+			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.Claim, File: ClaimImage(d.Storage, vmi.Namespace, claim)}
 			claims++
 			if _, err := os.Stat(dd.File); err == nil {
 				break // the claim keeps its data
 			}
-			if err := os.MkdirAll(filepath.Dir(dd.File), 0o755); err != nil {
+			if err := d.claimImage(context.Background(), vmi.Namespace, claim, dd.File, claims == 1); err != nil {
 				return nil, err
-			}
-			if claims > 1 {
-				if err := d.qemuImg("raw", dd.File); err != nil {
-					return nil, err
-				}
-				break
-			}
-			if out, err := exec.Command("cp", "--sparse=always", filepath.Join(d.Guest, "disk.img"), dd.File).CombinedOutput(); err != nil {
-				return nil, fmt.Errorf("the claim's image from the guest's: %w: %s", err, out)
 			}
 		case v.EmptyDisk != nil:
 			dd = virtlauncher.Disk{Name: disk.Name, Kind: virtlauncher.EmptyDisk, File: filepath.Join(dom.dir, disk.Name+".qcow2")}
-			if err := d.qemuImg("qcow2", dd.File); err != nil {
+			if err := d.emptyDiskImage(v.EmptyDisk, dd.File); err != nil {
 				return nil, err
 			}
 		case v.CloudInitNoCloud != nil:
@@ -306,14 +294,6 @@ func (d *Domains) disks(dom *domain, vmi *virtv1.VirtualMachineInstance) ([]virt
 		disks = append(disks, dd)
 	}
 	return disks, nil
-}
-
-// qemuImg makes an image of DiskSize.
-func (d *Domains) qemuImg(format, image string) error {
-	if out, err := exec.Command(filepath.Join(d.QEMU, "bin", "qemu-img"), "create", "-f", format, image, d.DiskSize).CombinedOutput(); err != nil {
-		return fmt.Errorf("qemu-img: %w: %s", err, out)
-	}
-	return nil
 }
 
 // destroy ends the domain through libvirt, and removes its tap.

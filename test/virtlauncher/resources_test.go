@@ -103,7 +103,7 @@ func builtMember(t *testing.T, role string) *virtv1.VirtualMachineInstance {
 			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "root"}}}}}}}
 	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "u"}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
 	vmi, err := member.Build(ftvm, member.Normalize(ftvm.UID, tmpl), member.Member{Role: role, Node: "n",
-		DiskSizes: map[string]resource.Quantity{"root": resource.MustParse("1Gi")}}, member.Options{COLO: member.COLO{Enabled: true}})
+		DiskSizes: map[string]resource.Quantity{"root": resource.MustParse("1Gi")}, DiskBytes: member.DiskBytes{"root": 1 << 30}}, member.Options{COLO: member.COLO{Enabled: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

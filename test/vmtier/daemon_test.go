@@ -5,6 +5,7 @@ package vmtier
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,6 +106,12 @@ func TestLockstepdProtectsTheMembersItFinds(t *testing.T) {
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.name}, &vmi); err != nil || vmi.Annotations[ftv1.AnnotationSyncedAt] == "" {
 		t.Fatalf("lockstepd did not mark the secondary synchronized: %v %v", vmi.Annotations, err)
 	}
+	// lockstepd put the primary's disk size, as its QEMU opened it, on the primary's VMI: the
+	// operator sizes the next secondary from it.
+	waitAPI(t, c, "lockstepd publishes the primary's disk sizes", time.Minute, func() bool {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: p.name}, &vmi) == nil &&
+			vmi.Annotations[ftv1.AnnotationMeasuredDiskBytes] == fmt.Sprintf("rootdisk=%d", int64(diskSize))
+	})
 	for range 5 {
 		cl.next("the primary serves under COLO", time.Minute)
 	}
@@ -293,7 +300,8 @@ func (c *cluster) memberVMI(k8s ctrlclient.Client, ns, name, role string, n *nod
 	c.t.Helper()
 	vmi := &virtv1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
-			ftv1.LabelPair: "vm", ftv1.LabelRole: role, ftv1.LabelNode: n.name}},
+			ftv1.LabelPair: "vm", ftv1.LabelRole: role, ftv1.LabelNode: n.name},
+			Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}},
 		Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Running, NodeName: n.name},
 	}
 	if err := k8s.Create(context.Background(), vmi); err != nil {

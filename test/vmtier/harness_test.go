@@ -42,7 +42,7 @@ const (
 	heartbeat = 30 * time.Millisecond
 	timeout   = 300 * time.Millisecond
 	detect    = 500 * time.Millisecond
-	diskSize  = "64M"
+	diskSize  = 64 << 20
 )
 
 // checkpoint is the longest time between two checkpoints: 2s, lockstepd's default, or
@@ -337,25 +337,26 @@ func (c *cluster) launch(m *member) {
 		t.Fatal(err)
 	}
 	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)
-	size := diskSize
 	if c.debian != nil {
-		m.vm, size = c.debian.vm(c.qemu, m.dir, "launcher"), fmt.Sprint(c.debian.size)
+		m.vm = c.debian.vm(c.qemu, m.dir, "launcher")
 	}
 	m.vm.Sockets = colo.Sockets{Dir: m.dir}
 	// Each disk's claim image and the secondary's copy are raw, as KubeVirt's disk.img on a
-	// filesystem claim; the overlays qcow2, as its emptyDisks. A primary of the Debian guest runs
-	// on a copy of its image; a data disk is blank.
+	// filesystem claim; the overlays qcow2, as its emptyDisks, of the disk's size. The copy is
+	// larger than the disk, as a copy's claim is on a real cluster (it holds the disk and its
+	// filesystem's overhead): the secondary opens it at the disk's size. A primary of the Debian
+	// guest runs on a copy of its image; a data disk is blank.
 	for i, d := range m.disks(c) {
-		sz := size
-		if i > 0 {
-			sz = diskSize
-		}
 		for img, format := range map[string]string{d.image: "raw", d.Parent: "raw", d.Active: "qcow2", d.Hidden: "qcow2"} {
 			if img == d.image && i == 0 && m.spec.Primary && c.debian != nil {
 				c.debian.copyDisk(t, img)
 				continue
 			}
-			qemuImg(t, c.qemu, "create", "-f", format, img, sz)
+			size := d.Bytes
+			if img == d.Parent {
+				size += copySlack
+			}
+			qemuImg(t, c.qemu, "create", "-f", format, img, fmt.Sprint(size))
 		}
 	}
 	if c.viaLibvirt {
@@ -387,13 +388,21 @@ type memberDisk struct {
 // dataDisk a second claim, which the guest writes each count to as well.
 func (m *member) disks(c *cluster) []memberDisk {
 	file := func(f string) string { return filepath.Join(m.dir, f) }
-	disks := []memberDisk{{name: "rootdisk", image: file("disk.img"), SecondaryDisk: colo.SecondaryDisk{Parent: file("parent.img"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2")}}}
+	root := int64(diskSize)
+	if c.debian != nil {
+		root = c.debian.size
+	}
+	disks := []memberDisk{{name: "rootdisk", image: file("disk.img"),
+		SecondaryDisk: colo.SecondaryDisk{Parent: file("parent.img"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"), Bytes: root}}}
 	if c.dataDisk {
 		disks = append(disks, memberDisk{name: "datadisk", image: file("data.img"),
-			SecondaryDisk: colo.SecondaryDisk{Parent: file("data-parent.img"), Active: file("active-1.qcow2"), Hidden: file("hidden-1.qcow2")}})
+			SecondaryDisk: colo.SecondaryDisk{Parent: file("data-parent.img"), Active: file("active-1.qcow2"), Hidden: file("hidden-1.qcow2"), Bytes: diskSize}})
 	}
 	return disks
 }
+
+// copySlack is how much larger than the disk a secondary's copy is.
+const copySlack = 8 << 20
 
 // launchDirect runs the member's QEMU as the test's own child.
 func (c *cluster) launchDirect(m *member) {

@@ -139,8 +139,9 @@ func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
 		CPU:      &virtv1.CPU{Cores: uint32(max(c.vcpus, 1))},
 		Memory:   &virtv1.Memory{Guest: &guest},
 	}}}
-	sizes := map[string]resource.Quantity{}
+	sizes, bytes := map[string]resource.Quantity{}, ftmember.DiskBytes{}
 	for _, d := range m.disks(c) {
+		bytes[d.name] = d.Bytes
 		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: d.name})
 		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, virtv1.Volume{Name: d.name, VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
 			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-" + d.name}}}})
@@ -151,8 +152,11 @@ func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
 		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, c.debian.cloudInit(t, c.vmAddr))
 	}
 	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pair, UID: "3b0c5a8e-vmtier"}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
-	vmi, err := ftmember.Build(ftvm, ftmember.Normalize(ftvm.UID, tmpl), ftmember.Member{Role: role, Node: m.node.name,
-		DiskSizes: sizes, Since: time.Now()},
+	fm := ftmember.Member{Role: role, Node: m.node.name, DiskSizes: sizes, Since: time.Now()}
+	if !m.spec.Primary { // the operator's sizes of the primary's disks, as for every secondary
+		fm.DiskBytes = bytes
+	}
+	vmi, err := ftmember.Build(ftvm, ftmember.Normalize(ftvm.UID, tmpl), fm,
 		ftmember.Options{COLO: ftmember.COLO{Enabled: true}})
 	if err != nil {
 		t.Fatal(err)

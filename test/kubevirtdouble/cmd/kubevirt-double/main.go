@@ -8,9 +8,7 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"os"
-	"path/filepath"
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -29,21 +27,20 @@ import (
 
 func main() {
 	var (
-		image                         string
-		hosts                         bool
-		cluster, state, storage, size string
-		lockstepd, hook, qemu, guest  string
+		image                        string
+		hosts                        bool
+		cluster, state, storage      string
+		lockstepd, hook, qemu, guest string
 	)
 	flag.StringVar(&image, "launcher-image", "quay.io/kubevirt/virt-launcher:test-double", "Image named in launcher pods (never pulled: kwok runs nothing).")
 	flag.BoolVar(&hosts, "hosts", false, "Play the nodes' machines too: a network namespace per node running lockstepd, and member VMIs booted there (needs root).")
 	flag.StringVar(&cluster, "cluster", "lockstep", "With --hosts: the cluster's name, which prefixes the namespaces' names (<cluster>_<node>, <cluster>_sw, <cluster>_client).")
 	flag.StringVar(&state, "hosts-dir", "/run/lockstep-hosts", "With --hosts: the hosts' directories (short: Unix socket paths end at 107 bytes).")
 	flag.StringVar(&storage, "storage-dir", "", "With --hosts: the claims' disk images (default <hosts-dir>/storage).")
-	flag.StringVar(&size, "disk-size", "", "With --hosts: the size of the emptyDisks' images (default: the guest's image's, which the COLO overlays need).")
 	flag.StringVar(&lockstepd, "lockstepd", "bin/lockstepd", "With --hosts: the lockstepd binary.")
 	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
 	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory.")
-	flag.StringVar(&guest, "guest", "", "With --hosts: hack/debian-guest.sh's directory (its disk.img is every new claim's first content).")
+	flag.StringVar(&guest, "guest", "", "With --hosts: hack/debian-guest.sh's directory (its disk.img is what a VMI's first claim of the user's is imported from).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -91,14 +88,7 @@ func main() {
 		if err := h.SetupWithManager(mgr); err != nil {
 			fail(err, "hosts controller")
 		}
-		if size == "" {
-			st, err := os.Stat(filepath.Join(guest, "disk.img"))
-			if err != nil {
-				fail(err, "the guest's image")
-			}
-			size = fmt.Sprint(st.Size())
-		}
-		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, DiskSize: size, Log: log.WithName("domains")}
+		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, Log: log.WithName("domains")}
 		claims := &kubevirtdouble.Claims{Client: mgr.GetClient(), Storage: storage, Log: log.WithName("claims")}
 		if err := claims.SetupWithManager(mgr); err != nil {
 			fail(err, "claims controller")
