@@ -58,56 +58,9 @@ func (r *FaultTolerantVMReconciler) computeStatus(s *scope) {
 	set(ftv1.ConditionPrimaryReady, pOK, pReason, pMsg)
 	set(ftv1.ConditionSecondaryReady, sOK, sReason, sMsg)
 
-	alive := func(mv *memberView) bool {
-		return mv != nil && (mv.verdict.State == health.Running || mv.verdict.State == health.Suspect)
-	}
-	switch {
-	case halted:
-		st.State = ftv1.StateStopped
-		msg := "runStrategy is Halted"
-		if s.primary != nil || s.secondary != nil {
-			msg += "; members are stopping"
-		}
-		set(ftv1.ConditionProtected, false, ftv1.ReasonHalted, msg)
-	case s.waiting:
-		st.State = ftv1.StateNotProtected
-		set(ftv1.ConditionProtected, false, ftv1.ReasonWaitingForSecondary,
-			fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
-				s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message))
-	case s.failingOver():
-		st.State = ftv1.StateFailingOver
-		set(ftv1.ConditionProtected, false, ftv1.ReasonPromoted,
-			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node))
-	case s.unprotectedByChoice() && alive(s.primary):
-		st.State = ftv1.StateNotProtected
-		reason, msg := protectionOff(s)
-		set(ftv1.ConditionProtected, false, reason, msg)
-	case alive(s.primary) && alive(s.secondary) && !s.holdsState(s.secondary):
-		st.State = ftv1.StateStarting
-		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting,
-			fmt.Sprintf("secondary %s on node %s is synchronizing with the primary", s.secondary.vmi.Name, s.secondary.node))
-	case alive(s.primary) && alive(s.secondary):
-		st.State = ftv1.StateProtected
-		set(ftv1.ConditionProtected, true, ftv1.ReasonProtected,
-			fmt.Sprintf("primary on node %s, secondary on node %s", s.primary.node, s.secondary.node))
-	case !alive(s.primary):
-		// A primary that is being started is Starting; one that cannot start until a person or
-		// the cluster acts (no eligible node, invalid spec, missing network or disk) is NotProtected.
-		st.State = ftv1.StateStarting
-		if s.primary == nil && pReason != ftv1.ReasonStarting {
-			st.State = ftv1.StateNotProtected
-		}
-		set(ftv1.ConditionProtected, false, pReason, "primary: "+pMsg)
-	case s.secondary != nil && s.secondary.verdict.State == health.Pending:
-		st.State = ftv1.StateStarting
-		set(ftv1.ConditionProtected, false, ftv1.ReasonSecondaryStarting, "secondary: "+sMsg)
-	case s.secondary == nil && sReason == ftv1.ReasonWaitingForDiskSizes:
-		st.State = ftv1.StateStarting // a new COLO pair's secondary follows its primary
-		set(ftv1.ConditionProtected, false, sReason, "secondary: "+sMsg)
-	default:
-		st.State = ftv1.StateNotProtected
-		set(ftv1.ConditionProtected, false, sReason, "the VM runs without a secondary: "+sMsg)
-	}
+	state, ok, reason, msg := protection(s, halted, pReason, pMsg, sReason, sMsg)
+	st.State = state
+	set(ftv1.ConditionProtected, ok, reason, msg)
 
 	setFencedCondition(s, set)
 	setRestartRequired(s, set)
@@ -333,4 +286,60 @@ func (a *announcements) forget(key types.NamespacedName) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.last, key)
+}
+
+// protection is the pair's state and its Protected condition (ok, reason, message), from the
+// members' verdicts and the reasons of their own conditions.
+func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (state ftv1.FTState, ok bool, reason, msg string) {
+	alive := func(mv *memberView) bool {
+		return mv != nil && (mv.verdict.State == health.Running || mv.verdict.State == health.Suspect)
+	}
+	switch {
+	case halted:
+		state, reason, msg = ftv1.StateStopped, ftv1.ReasonHalted, "runStrategy is Halted"
+		if s.primary != nil || s.secondary != nil {
+			msg += "; members are stopping"
+		}
+	case s.waiting:
+		state = ftv1.StateNotProtected
+		ok, reason, msg = false, ftv1.ReasonWaitingForSecondary,
+			fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
+				s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message)
+	case s.failingOver():
+		state = ftv1.StateFailingOver
+		ok, reason, msg = false, ftv1.ReasonPromoted,
+			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node)
+	case s.unprotectedByChoice() && alive(s.primary):
+		state = ftv1.StateNotProtected
+		reason, msg = protectionOff(s)
+	case alive(s.primary) && s.secondary != nil && s.secondary.verdict.Reason == health.ReasonLockstepdNotRunning:
+		state = ftv1.StateNotProtected // COLO replicates only through lockstepd
+		ok, reason, msg = false, health.ReasonLockstepdNotRunning, "secondary: "+sMsg
+	case alive(s.primary) && alive(s.secondary) && !s.holdsState(s.secondary):
+		state = ftv1.StateStarting
+		ok, reason, msg = false, ftv1.ReasonSecondaryStarting,
+			fmt.Sprintf("secondary %s on node %s is synchronizing with the primary", s.secondary.vmi.Name, s.secondary.node)
+	case alive(s.primary) && alive(s.secondary):
+		state = ftv1.StateProtected
+		ok, reason, msg = true, ftv1.ReasonProtected,
+			fmt.Sprintf("primary on node %s, secondary on node %s", s.primary.node, s.secondary.node)
+	case !alive(s.primary):
+		// A primary that is being started is Starting; one that cannot start until a person or
+		// the cluster acts (no eligible node, invalid spec, missing network or disk) is NotProtected.
+		state = ftv1.StateStarting
+		if s.primary == nil && pReason != ftv1.ReasonStarting {
+			state = ftv1.StateNotProtected
+		}
+		ok, reason, msg = false, pReason, "primary: "+pMsg
+	case s.secondary != nil && s.secondary.verdict.State == health.Pending:
+		state = ftv1.StateStarting
+		ok, reason, msg = false, ftv1.ReasonSecondaryStarting, "secondary: "+sMsg
+	case s.secondary == nil && sReason == ftv1.ReasonWaitingForDiskSizes:
+		state = ftv1.StateStarting // a new COLO pair's secondary follows its primary
+		ok, reason, msg = false, sReason, "secondary: "+sMsg
+	default:
+		state = ftv1.StateNotProtected
+		ok, reason, msg = false, sReason, "the VM runs without a secondary: "+sMsg
+	}
+	return state, ok, reason, msg
 }

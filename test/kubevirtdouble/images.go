@@ -47,7 +47,7 @@ func emptyDiskSize(capacity int64) int64 { return alignDown(capacity) }
 // KubeVirt makes it (a new claim, a blank DataVolume, or a copy the operator made).
 func (d *Domains) claimImage(ctx context.Context, namespace, claim, image string, first bool) error {
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := d.Hosts.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: claim}, pvc); err != nil {
+	if err := d.Hosts.Get(ctx, types.NamespacedName{Namespace: namespace, Name: claim}, pvc); err != nil {
 		return fmt.Errorf("claim %s: %w", claim, err)
 	}
 	request := pvc.Spec.Resources.Requests.Storage().Value()
