@@ -74,7 +74,7 @@ func Judge(vmi *virtv1.VirtualMachineInstance, nodeName string, node *corev1.Nod
 		return Verdict{State: Lost, Reason: ReasonVMIDeleted, Message: fmt.Sprintf("VMI %s is being deleted", vmi.Name)}
 	}
 	if vmi.IsFinal() {
-		return Verdict{State: Lost, Reason: ReasonVMIEnded, Message: fmt.Sprintf("VMI %s ended in phase %s", vmi.Name, vmi.Status.Phase)}
+		return Verdict{State: Lost, Reason: ReasonVMIEnded, Message: fmt.Sprintf("VMI %s ended in phase %s%s", vmi.Name, vmi.Status.Phase, kubevirtSays(vmi))}
 	}
 	if node == nil {
 		return Verdict{State: Lost, Reason: ReasonNodeDeleted, Message: fmt.Sprintf("node %s was deleted", nodeName)}
@@ -95,7 +95,22 @@ func Judge(vmi *virtv1.VirtualMachineInstance, nodeName string, node *corev1.Nod
 	if phase == "" {
 		phase = virtv1.Pending
 	}
-	return Verdict{State: Pending, Reason: string(phase), Message: fmt.Sprintf("VMI %s is %s on node %s", vmi.Name, phase, nodeName)}
+	return Verdict{State: Pending, Reason: string(phase), Message: fmt.Sprintf("VMI %s is %s on node %s%s", vmi.Name, phase, nodeName, kubevirtSays(vmi))}
+}
+
+// kubevirtSays is why KubeVirt could not start the VMI, when it says so: virt-handler puts its
+// failure to start the domain (libvirt's and QEMU's words, such as an image smaller than the
+// size it is opened at) in the Synchronized condition, and a launcher that ended says why in
+// Ready. "" when neither says anything.
+func kubevirtSays(vmi *virtv1.VirtualMachineInstance) string {
+	for _, typ := range []virtv1.VirtualMachineInstanceConditionType{virtv1.VirtualMachineInstanceSynchronized, virtv1.VirtualMachineInstanceReady} {
+		for _, c := range vmi.Status.Conditions {
+			if c.Type == typ && c.Status == corev1.ConditionFalse && c.Message != "" {
+				return fmt.Sprintf(": %s (%s)", c.Message, c.Reason)
+			}
+		}
+	}
+	return ""
 }
 
 // judgeNode says whether a node is Ready, suspect (down for less than grace), or lost.

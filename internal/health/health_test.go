@@ -1,6 +1,7 @@
 package health
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -201,5 +202,29 @@ func TestVouch(t *testing.T) {
 				t.Fatalf("the verdict changed: %+v", got)
 			}
 		})
+	}
+}
+
+// TestTheVerdictSaysWhyKubeVirtCouldNotStartIt: a member whose domain KubeVirt could not start
+// (virt-handler's Synchronized condition, with libvirt's and QEMU's words) or whose launcher
+// ended saying why (Ready) carries that in its verdict's message, which the status shows: a
+// secondary's copy smaller than the disk it must hold is named with both sizes.
+func TestTheVerdictSaysWhyKubeVirtCouldNotStartIt(t *testing.T) {
+	const qemu = "qemu-system-x86_64: -drive if=none,id=parent1,...: The sum of offset (0) and size (2147483648) has to be smaller or equal to the actual size of the containing file (2146435072)"
+	node := &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	scheduled := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm-2"}, Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Scheduled,
+		Conditions: []virtv1.VirtualMachineInstanceCondition{{Type: virtv1.VirtualMachineInstanceSynchronized, Status: corev1.ConditionFalse, Reason: "Synchronizing", Message: "server error. command SyncVMI failed: " + qemu}}}}
+	v := Judge(scheduled, "n1", node, time.Now(), time.Minute)
+	if v.State != Pending || !strings.Contains(v.Message, "(2146435072)") || !strings.Contains(v.Message, "size (2147483648)") {
+		t.Errorf("a secondary KubeVirt could not start: %+v", v)
+	}
+	ended := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm-2"}, Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Failed,
+		Conditions: []virtv1.VirtualMachineInstanceCondition{{Type: virtv1.VirtualMachineInstanceReady, Status: corev1.ConditionFalse, Reason: "DomainExited", Message: qemu}}}}
+	if v := Judge(ended, "n1", node, time.Now(), time.Minute); v.State != Lost || !strings.Contains(v.Message, "ended in phase Failed: "+qemu+" (DomainExited)") {
+		t.Errorf("a launcher that ended: %+v", v)
+	}
+	quiet := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm-2"}, Status: virtv1.VirtualMachineInstanceStatus{Phase: virtv1.Scheduled}}
+	if v := Judge(quiet, "n1", node, time.Now(), time.Minute); v.Message != "VMI vm-2 is Scheduled on node n1" {
+		t.Errorf("a VMI KubeVirt says nothing of: %q", v.Message)
 	}
 }
