@@ -25,6 +25,8 @@ type fakeQEMU struct {
 	// where sizes has one.
 	blocks []string
 	sizes  map[string]int64
+	// replies are canned returns of commands (by name).
+	replies map[string]any
 
 	mu      sync.Mutex
 	cmds    []string
@@ -75,6 +77,8 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 				} else {
 					reply = map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": fmt.Sprintf("Property '%v' not found", req.Arguments["property"])}}
 				}
+			case f.replies[req.Execute] != nil:
+				reply["return"] = f.replies[req.Execute]
 			case req.Execute == "human-monitor-command":
 				reply["return"] = ""
 			case req.Execute == "query-block":

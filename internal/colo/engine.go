@@ -77,15 +77,18 @@ type Engine struct {
 	resynced     uint64
 	unprotect    bool
 	protected    bool
-	streams      *pairing
-	bytesDone    uint64
-	interval     ftlog.Interval // moving average of the checkpoint intervals
-	pause        ftlog.Interval // moving average of the checkpoint pauses
-	checkpoints  uint64         // over the engine's life
-	forced       uint64         // checkpoints colo-compare asked for before the periodic one
-	causes       causeCounts    // the forced ones by the cause colo-compare gave, when it does
-	copying      engine.Resync  // the disks' resync into the secondary, while it runs
-	protectErr   string         // why the last protection failed, until one succeeds
+	// protectedPeer is the last member a protection migrated the VM into: it holds (or held)
+	// the VM's state, and cannot take it again.
+	protectedPeer string
+	streams       *pairing
+	bytesDone     uint64
+	interval      ftlog.Interval // moving average of the checkpoint intervals
+	pause         ftlog.Interval // moving average of the checkpoint pauses
+	checkpoints   uint64         // over the engine's life
+	forced        uint64         // checkpoints colo-compare asked for before the periodic one
+	causes        causeCounts    // the forced ones by the cause colo-compare gave, when it does
+	copying       engine.Resync  // the disks' resync into the secondary, while it runs
+	protectErr    string         // why the last protection failed, until one succeeds
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.

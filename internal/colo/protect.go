@@ -41,7 +41,32 @@ func (e *Engine) goLive(ctx context.Context, q *qmp.Conn, resume bool) error {
 
 // protect resyncs the secondary's disk, then migrates the VM into COLO with it, and logs "ready"
 // once the secondary holds the whole state.
+//
+// A secondary takes the VM's state once: QEMU cannot migrate into a secondary that is in COLO. So
+// a protection of the member that the current one already protects is not started again. While
+// that protection holds (QEMU is the COLO primary and the secondary's packet streams are up), the
+// secondary holds the whole state, and protect only logs "ready" again: the agent asked because
+// it started a new log (its first entry must say that the secondary holds the state), and a
+// Resync may also come while the protection it asks for is being made. Tearing it down to migrate
+// into the same secondary again would hold the VM's output until the migration timed out, and
+// leave a synchronized secondary behind a primary that runs alone. When it no longer holds, the
+// member cannot be protected again (errProtectedOnce): a new secondary replaces it.
 func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) error {
+	e.mu.Lock()
+	member, protected := e.peer.Member, e.protected
+	again := member != "" && member == e.protectedPeer // the VM was migrated into it before
+	e.mu.Unlock()
+	if again {
+		if !protected {
+			return fmt.Errorf("%w: secondary %s (its protection ended)", errProtectedOnce, member)
+		}
+		if holds, err := e.holds(ctx, q); err != nil || !holds {
+			return fmt.Errorf("%w: secondary %s (its protection no longer holds: %v)", errProtectedOnce, member, err)
+		}
+		data, _ := json.Marshal(entry{Kind: "ready"})
+		_, err := rec.Append(ctx, data)
+		return err
+	}
 	e.teardown(ctx, q) // what an earlier protection left
 	// One protection, one secondary: its streams go to the member it started with, and a new
 	// peer (the daemon replaced the secondary) ends it, so that the next one starts afresh. A
@@ -100,6 +125,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	e.mu.Lock()
 	afterRewriter := e.wasSecondary
 	e.causes.newProtection() // StartPrimary creates a new compare object
+	e.protectedPeer = peer.Member // from the migration on, the secondary cannot take another
 	e.mu.Unlock()
 	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter, disks); err != nil {
 		return err
@@ -124,6 +150,22 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	e.protected = true
 	e.mu.Unlock()
 	return nil
+}
+
+// errProtectedOnce: a COLO secondary takes the VM's state once (see protect).
+var errProtectedOnce = errors.New("a COLO secondary can be migrated into only once; it must be replaced")
+
+// holds says whether the current protection still holds: QEMU is the COLO primary and the
+// secondary's packet streams are connected.
+func (e *Engine) holds(ctx context.Context, q *qmp.Conn) (bool, error) {
+	var st Status
+	if err := q.Execute(ctx, "query-colo-status", nil, &st); err != nil {
+		return false, err
+	}
+	if st.Mode != "primary" {
+		return false, fmt.Errorf("COLO mode %q", st.Mode)
+	}
+	return Connected(ctx, q, "mirror0", "compare1")
 }
 
 // resyncDisks copies each of the primary's disks into the secondary's replica, all at once (each
