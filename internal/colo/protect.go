@@ -124,7 +124,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	}
 	e.mu.Lock()
 	afterRewriter := e.wasSecondary
-	e.causes.newProtection() // StartPrimary creates a new compare object
+	e.causes.newProtection()      // StartPrimary creates a new compare object
 	e.protectedPeer = peer.Member // from the migration on, the secondary cannot take another
 	e.mu.Unlock()
 	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter, disks); err != nil {
