@@ -99,10 +99,10 @@ type memberDisks struct {
 	bytes  member.DiskBytes
 }
 
-// ensureMemberClaims gives a new member its disks. A primary uses the VM's current disks (and
-// their sizes, when they are copies the operator made); a secondary gets blank copies, each
-// large enough for the disk of bytes it will hold (bytes: its primary's disk sizes, or nil
-// without COLO).
+// ensureMemberClaims gives a new member its disks. A primary uses the VM's current disks; a
+// secondary gets blank copies, each large enough for the disk of bytes it will hold. bytes is the
+// member's DiskBytes, which the caller decided (a secondary's: its primary's; a primary's: those
+// of the copies it starts from, currentDiskBytes; nil without COLO), and comes back unchanged.
 func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, spec *virtv1.VirtualMachineInstanceSpec,
 	memberName string, ordinal int, role string, bytes member.DiskBytes) (memberDisks, error) {
 	out := memberDisks{claims: map[string]string{}, sizes: map[string]resource.Quantity{}, bytes: bytes}
@@ -114,9 +114,7 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 	if err != nil {
 		return out, err
 	}
-	if role == ftv1.RolePrimary && r.Config.Member.COLO.Enabled {
-		out.bytes = currentDiskBytes(copies, spec)
-	}
+
 	for volume, userClaim := range volumes {
 		var source corev1.PersistentVolumeClaim
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, &source); err != nil {
@@ -211,7 +209,7 @@ func (r *FaultTolerantVMReconciler) secondaryDiskBytes(primary *virtv1.VirtualMa
 	}
 	bytes, err := member.PrimaryDiskBytes(primary)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errDiskSizesUnknown, err)
 	}
 	if bytes == nil {
 		node := primary.Labels[ftv1.LabelNode]
@@ -223,7 +221,12 @@ func (r *FaultTolerantVMReconciler) secondaryDiskBytes(primary *virtv1.VirtualMa
 		return nil, err
 	}
 	if err := bytes.Covers(disks); err != nil {
-		return nil, fmt.Errorf("primary %s: %w", primary.Name, err)
+		if errors.Is(err, member.ErrDiskSizeUnsupported) {
+			return nil, fmt.Errorf("primary %s: %w", primary.Name, err)
+		}
+		// Sizes that miss a disk (a member made before every disk was replicated): the
+		// secondary waits, and the status says which disk.
+		return nil, fmt.Errorf("%w: primary %s: %w", errDiskSizesUnknown, primary.Name, err)
 	}
 	return bytes, nil
 }

@@ -78,6 +78,12 @@ func TestUnderCOLOSecondariesAreSizedFromTheirPrimary(t *testing.T) {
 		!strings.Contains(msg, `disk "data" is 2147483904 bytes`) {
 		t.Fatalf("a disk that is not a whole MiB: %v; condition %v %s %q", err, ok, reason, msg)
 	}
+	primary.Annotations[ftv1.AnnotationMeasuredDiskBytes] = "root=3044016128" // a member that named one disk
+	_, err = r.secondaryDiskBytes(primary, &tmpl.Spec)
+	if ok, reason, msg := r.memberCondition(s, nil, err, "secondary"); !errors.Is(err, errDiskSizesUnknown) || ok || reason != ftv1.ReasonWaitingForDiskSizes ||
+		!strings.Contains(msg, `disk "data" is not known`) {
+		t.Fatalf("sizes that miss a disk: %v; condition %v %s %q", err, ok, reason, msg)
+	}
 	primary.Annotations[ftv1.AnnotationMeasuredDiskBytes] = "root=3044016128,data=2147483648" // 2903 MiB, 2048 MiB
 	bytes, err := r.secondaryDiskBytes(primary, &tmpl.Spec)
 	if err != nil {
@@ -92,7 +98,11 @@ func TestUnderCOLOSecondariesAreSizedFromTheirPrimary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	restarted := build("db-3", 3, ftv1.RolePrimary, nil)
+	copies, err := r.diskCopies(ctx, ftvm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := build("db-3", 3, ftv1.RolePrimary, currentDiskBytes(copies, &tmpl.Spec)) // as startPair decides
 	if got := restarted.Annotations[ftv1.AnnotationDiskBytes]; got != "data=2147483648,root=3044016128" {
 		t.Fatalf("a primary on the copies: disk sizes %q, want the copies'", got)
 	}

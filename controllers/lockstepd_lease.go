@@ -6,8 +6,10 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
@@ -20,8 +22,15 @@ func lockstepdOn(ctx context.Context, reader client.Reader, namespace string, no
 		return false, time.Time{}
 	}
 	lease := &coordinationv1.Lease{}
-	if err := reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ftv1.NodeLeaseName(node.Name)}, lease); err != nil {
-		lease = nil // none (or not readable): the node's address alone says
+	err := reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ftv1.NodeLeaseName(node.Name)}, lease)
+	switch {
+	case apierrors.IsNotFound(err):
+		lease = nil // a lockstepd from before the lease: its address alone says
+	case err != nil:
+		// The cache cannot say (it is starting): judge by the address, as without a lease, rather
+		// than take every member's lockstepd for gone.
+		log.FromContext(ctx).V(1).Info("reading a node lease", "node", node.Name, "err", err.Error())
+		lease = nil
 	}
 	return health.Lockstepd(node, lease, now)
 }

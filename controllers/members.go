@@ -192,11 +192,14 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
 		func(node string) error {
 			if r.Config.Member.COLO.Enabled {
+				// Decided once: the primary's sizes (known when it starts from copies), and from
+				// them whether the secondary is made now and its name reserved with the primary's.
 				copies, err := r.diskCopies(ctx, s.ftvm)
 				if err != nil {
 					return err
 				}
-				withSecondary = currentDiskBytes(copies, &tmpl.Spec) != nil
+				p.spec.DiskBytes = currentDiskBytes(copies, &tmpl.Spec)
+				withSecondary = p.spec.DiskBytes != nil
 			}
 			// The new primary takes the record before it exists: a crash between the two leaves a
 			// holder that never ran, which the next reconcile finds gone and replaces.
@@ -213,8 +216,12 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 			return r.create(ctx, s, p, node)
 		},
 		func(node string) error {
-			// Without the primary's sizes, errDiskSizesUnknown: the secondary waits for them.
+			// Without the primary's sizes, errDiskSizesUnknown: the secondary waits for them, and
+			// takes a name of its own then (its ordinal was not reserved).
 			bytes, err := r.secondaryDiskBytes(p.vmi, &tmpl.Spec)
+			if err == nil && !withSecondary {
+				err = fmt.Errorf("%w: the primary's disk sizes were not known when the pair started", errDiskSizesUnknown)
+			}
 			if err != nil {
 				return err
 			}

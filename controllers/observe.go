@@ -24,8 +24,8 @@ type memberView struct {
 	ordinal int
 	node    string
 	verdict health.Verdict
-	// lockstepd: the member's node runs lockstepd (it published its logging address and renews
-	// its node lease), which is then the one writer of the member's synchronization.
+	// lockstepd: lockstepd runs on the member's node (it published its logging address), which
+	// is then the one writer of the member's synchronization.
 	lockstepd bool
 }
 
@@ -105,11 +105,13 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 		}
 		now := r.Clock.Now()
 		mv.verdict = health.Judge(v, mv.node, nodePtr, now, r.Config.NodeLostGrace)
-		var expired time.Time
-		mv.lockstepd, expired = lockstepdOn(ctx, r.Client, r.Config.LockstepdNamespace, nodePtr, now)
-		if r.Config.Member.COLO.Enabled && !mv.lockstepd && v.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
-			// Its state, and its go-live, come only through its node's lockstepd.
-			mv.verdict = health.WithoutLockstepd(mv.verdict, mv.node, expired, now, r.Config.NodeLostGrace)
+		mv.lockstepd = nodePtr != nil && node.Annotations[ftv1.AnnotationNodeLoggingAddress] != ""
+		if r.Config.Member.COLO.Enabled && v.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
+			// Its state, and its go-live, come only through its node's lockstepd, which must
+			// still run there (its node lease), not only have run once.
+			if running, expired := lockstepdOn(ctx, r.Client, r.Config.LockstepdNamespace, nodePtr, now); !running {
+				mv.verdict = health.WithoutLockstepd(mv.verdict, mv.node, expired, now, r.Config.NodeLostGrace)
+			}
 		}
 		if mv.verdict.State == health.Suspect {
 			s.requeueWithin(mv.verdict.RecheckAfter)

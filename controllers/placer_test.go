@@ -199,7 +199,8 @@ func TestUnderCOLOOnlyNodesWithLockstepdTakeMembers(t *testing.T) {
 	// not once it ran out (lockstepd died: its address stays on the Node).
 	p.RequireLockstepd, p.LockstepdNamespace = true, "lockstep-system"
 	renewed := metav1.NewMicroTime(time.Now())
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: ftv1.NodeLeaseName("node-1")},
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: ftv1.NodeLeaseName("node-1"),
+		Labels: map[string]string{ftv1.LabelManagedBy: ftv1.ManagedByValue, ftv1.LabelComponent: ftv1.ComponentLockstepd}}, // as lockstepd labels it: the operator's cache holds only such
 		Spec: coordinationv1.LeaseSpec{RenewTime: &renewed, LeaseDurationSeconds: ptr.To(int32(ftv1.NodeLeaseDurationSeconds))}}
 	if err := c.Create(ctx, lease); err != nil {
 		t.Fatal(err)

@@ -144,7 +144,8 @@ const (
 	ReasonProtectionDisabled  = "ProtectionDisabled"
 	// ReasonWaitingForDiskSizes: under COLO a secondary's images must be exactly as large as the
 	// primary's disks, which lockstepd on the primary's node reports once the VM runs there; the
-	// secondary is created then. It lasts only while lockstepd on that node does not run.
+	// secondary is created then. It lasts seconds, unless lockstepd there does not run or cannot
+	// reach the primary's QEMU, or the sizes miss a disk (the message says which).
 	ReasonWaitingForDiskSizes = "WaitingForDiskSizes"
 	// ReasonDiskSizeUnsupported: a disk of the VM is a size that COLO's secondary cannot be given
 	// (KubeVirt makes the secondary's overlays in whole MiB): resize the disk to a multiple of 1 MiB.

@@ -70,7 +70,8 @@ func main() {
 	flag.Float64Var(&apiQPS, "kube-api-qps", 100, "Requests a second the operator may make of the API server.")
 	flag.IntVar(&apiBurst, "kube-api-burst", 200, "Requests the operator may make of the API server in a burst above --kube-api-qps.")
 	var lockstepdSA, lockstepdCA string
-	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs (empty: do not run the signer); its namespace is where lockstepd renews its node leases.")
+	flag.StringVar(&cfg.LockstepdNamespace, "lockstepd-namespace", "", "Where lockstepd runs and renews its node leases (default: the namespace of --lockstepd-service-account, else lockstep-system).")
+	flag.StringVar(&lockstepdSA, "lockstepd-service-account", "lockstep-system/lockstepd", "lockstepd's ServiceAccount (namespace/name): the only requester of lockstepd certificates the operator signs; empty: do not run the signer.")
 	flag.StringVar(&lockstepdCA, "lockstepd-ca", "lockstep-system/lockstepd-ca", "Secret (namespace/name) of the lockstepd CA, made when missing; its certificate is published in the ConfigMap of the same name.")
 	flag.DurationVar(&cfg.Signer.MaxLifetime, "lockstepd-certificate-max-lifetime", 30*24*time.Hour, "Longest lifetime of a lockstepd certificate.")
 	opts := zap.Options{}
@@ -86,7 +87,6 @@ func main() {
 	if _, err := memlimit.Set(memlimit.WithLogger(slog.New(logr.ToSlogHandler(setupLog)))); err != nil {
 		setupLog.Error(err, "reading the container's memory limit; going on without a soft limit")
 	}
-	cfg.LockstepdNamespace = "lockstep-system"
 	if lockstepdSA != "" {
 		sa, ok := namespacedName(lockstepdSA)
 		ca, ok2 := namespacedName(lockstepdCA)
@@ -95,8 +95,13 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.Signer.ServiceAccount = "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
-		cfg.LockstepdNamespace = sa.Namespace
+		if cfg.LockstepdNamespace == "" {
+			cfg.LockstepdNamespace = sa.Namespace
+		}
 		cfg.Signer.CA, cfg.Signer.CALifetime = ca, 10*365*24*time.Hour
+	}
+	if cfg.LockstepdNamespace == "" {
+		cfg.LockstepdNamespace = "lockstep-system"
 	}
 
 	metricsOpts := metricsserver.Options{

@@ -47,8 +47,9 @@ type Member struct {
 // ReplicatedDisk is a disk to replicate and its overlays: a secondary's active and hidden disks
 // (qcow2 images of the disk's size, which KubeVirt makes for emptyDisk volumes), which the hook
 // takes out of the guest's devices on every member. Bytes is the disk's size, at which its image
-// is opened (the VMI's AnnotationDiskBytes): always on a secondary, whose claim is larger than
-// the primary's disk; 0 on a primary whose disk is its whole image.
+// is opened (the VMI's AnnotationDiskBytes): on every secondary the operator makes, whose claim is
+// larger than the primary's disk; 0 on a primary whose disk is its whole image (and on a
+// secondary an operator made before the sizes, whose replica is then opened whole, as it was).
 type ReplicatedDisk struct {
 	Disk, Active, Hidden Disk
 	Bytes                int64
@@ -112,9 +113,6 @@ func Mutate(domainXML []byte, m Member) ([]byte, error) {
 		}
 		if rd.Active.Image == "" || rd.Hidden.Image == "" {
 			return nil, fmt.Errorf("a secondary needs the active and hidden overlays of disk %s", rd.Disk.Alias)
-		}
-		if rd.Bytes == 0 {
-			return nil, fmt.Errorf("a secondary opens its replica of disk %s at the primary's disk's size, which the VMI does not give (annotation ft.lockstep.dev/disk-bytes)", rd.Disk.Alias)
 		}
 		args = append(args, colo.SecondaryDiskArgs(i, image, rd.Active.Image, rd.Hidden.Image)...)
 	}

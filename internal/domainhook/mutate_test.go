@@ -282,7 +282,7 @@ func TestMutate(t *testing.T) {
 }
 
 // TestDiskSizes: a secondary opens each replica at its primary's disk's size (QEMU's raw "size"
-// option: the claim's image is larger), and is refused without it; a primary opens its disk at
+// option: the claim's image is larger), or whole without one; a primary opens its disk at
 // the size it is given (one started from copies), or whole; only a raw image takes a size.
 func TestDiskSizes(t *testing.T) {
 	d := reference(t, references[0])
@@ -309,9 +309,10 @@ func TestDiskSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := member(true)
-	s.Disks[0].Bytes = 0
-	if _, err := domainhook.Mutate([]byte(raw), s); err == nil || !strings.Contains(err.Error(), "ft.lockstep.dev/disk-bytes") {
-		t.Errorf("a secondary without its primary's disk sizes: %v", err)
+	s.Disks[0].Bytes = 0 // a secondary an operator made before the sizes: its replica whole, as then
+	out, err := domainhook.Mutate([]byte(raw), s)
+	if err != nil || strings.Contains(string(out), "file.filename="+claimImage("rootdisk")+",size=") {
+		t.Errorf("a secondary without disk sizes: %v", err)
 	}
 	if err := (colo.Image{Path: "/disk.qcow2", Format: "qcow2", Bytes: 2 << 30}).Validate(); err == nil || !strings.Contains(err.Error(), "raw images only") {
 		t.Errorf("a qcow2 image at a set size: %v", err)

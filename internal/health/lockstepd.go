@@ -27,10 +27,18 @@ func Lockstepd(node *corev1.Node, lease *coordinationv1.Lease, now time.Time) (r
 	if lease == nil {
 		return true, time.Time{}
 	}
-	if lease.Spec.RenewTime == nil || lease.Spec.LeaseDurationSeconds == nil {
-		return false, now
+	renewed := lease.CreationTimestamp.Time // a lease never renewed ran out a duration after it was made
+	switch {
+	case lease.Spec.RenewTime != nil:
+		renewed = lease.Spec.RenewTime.Time
+	case lease.Spec.AcquireTime != nil:
+		renewed = lease.Spec.AcquireTime.Time
 	}
-	end := lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second)
+	duration := time.Duration(ftv1.NodeLeaseDurationSeconds) * time.Second
+	if lease.Spec.LeaseDurationSeconds != nil {
+		duration = time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+	}
+	end := renewed.Add(duration)
 	if now.Before(end) {
 		return true, time.Time{}
 	}

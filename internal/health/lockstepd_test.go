@@ -31,7 +31,8 @@ func TestLockstepd(t *testing.T) {
 		{"renewed 39s ago", withAddress, lease(39 * time.Second), true, time.Time{}},
 		{"renewed 41s ago: ran out a second ago", withAddress, lease(41 * time.Second), false, now.Add(-time.Second)},
 		{"a lockstepd from before the lease", withAddress, nil, true, time.Time{}},
-		{"a lease never renewed", withAddress, &coordinationv1.Lease{}, false, now},
+		{"a lease never renewed, made a minute ago", withAddress, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-time.Minute))}},
+			false, now.Add(-20 * time.Second)},
 	} {
 		running, expired := Lockstepd(c.node, c.lease, now)
 		if running != c.running || !expired.Equal(c.expired) {
