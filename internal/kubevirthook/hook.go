@@ -85,12 +85,9 @@ func (h *Hook) memberOf(vmi *virtv1.VirtualMachineInstance) (domainhook.Member, 
 	if vmi.UID == "" {
 		return domainhook.Member{}, false, fmt.Errorf("member %s/%s has no UID, which names its directory", vmi.Namespace, vmi.Name)
 	}
-	disks := member.ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk])
-	if len(disks) == 0 {
-		var err error
-		if disks, err = member.ReplicatedDisks(&vmi.Spec); err != nil {
-			return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
-		}
+	disks, err := member.ReplicatedDisksOf(vmi)
+	if err != nil {
+		return domainhook.Member{}, false, fmt.Errorf("member %s/%s: %w", vmi.Namespace, vmi.Name, err)
 	}
 	bytes, err := member.ParseDiskBytes(vmi.Annotations[ftv1.AnnotationDiskBytes])
 	if err != nil {

@@ -400,10 +400,7 @@ func (d *Daemon) settle(ctx context.Context, key types.NamespacedName, vmi *virt
 // publishDiskBytes puts the sizes of the VM's replicated disks, as the engine measured them, on
 // the member that runs it: the operator makes the next secondary's images exactly as large.
 func (d *Daemon) publishDiskBytes(ctx context.Context, vmi *virtv1.VirtualMachineInstance, sizes []int64) error {
-	names := ftmember.ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk])
-	if len(names) == 0 {
-		names, _ = ftmember.ReplicatedDisks(&vmi.Spec)
-	}
+	names, _ := ftmember.ReplicatedDisksOf(vmi) // none: the count below says so
 	if len(names) != len(sizes) {
 		return fmt.Errorf("its QEMU has %d replicated disks, its VMI names %d (%v)", len(sizes), len(names), names)
 	}

@@ -165,6 +165,15 @@ func ParseReplicatedDisks(annotation string) []string {
 	return disks
 }
 
+// ReplicatedDisksOf are the disks a member VMI replicates: those its AnnotationReplicatedDisk
+// names, else those of its spec (ReplicatedDisks).
+func ReplicatedDisksOf(vmi *virtv1.VirtualMachineInstance) ([]string, error) {
+	if disks := ParseReplicatedDisks(vmi.Annotations[ftv1.AnnotationReplicatedDisk]); len(disks) > 0 {
+		return disks, nil
+	}
+	return ReplicatedDisks(&vmi.Spec)
+}
+
 // Overlays are the names of the i-th replicated disk's overlay volumes, active and hidden: those
 // of the first are DiskColoActive and DiskColoHidden (as members had them when only one disk was
 // replicated), the others' carry the index.

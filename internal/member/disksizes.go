@@ -1,6 +1,7 @@
 package member
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -79,7 +80,7 @@ func (b DiskBytes) Covers(disks []string) error {
 }
 
 // ErrDiskSizeUnsupported: a disk's size is one that no COLO secondary can be given.
-var ErrDiskSizeUnsupported = fmt.Errorf("unsupported disk size")
+var ErrDiskSizeUnsupported = errors.New("unsupported disk size")
 
 // PrimaryDiskBytes is the size of each replicated disk of a member that runs the VM: the sizes
 // it was built with, else those its lockstepd measured; nil when neither is known yet.
