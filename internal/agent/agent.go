@@ -84,14 +84,16 @@ type Agent struct {
 	// computed against the log it was appended to.
 	appendMu sync.Mutex
 
-	mu        sync.Mutex
-	side      failover.Side
-	epoch     uint64
-	pos       uint64 // output positions: entries logged while this side ran the VM
-	out       *outChannel
-	sec       *channel.Secondary
-	synced    bool
-	peer      Peer
+	mu    sync.Mutex
+	side  failover.Side
+	epoch uint64
+	pos   uint64 // output positions: entries logged while this side ran the VM
+	out   *outChannel
+	sec   *channel.Secondary
+	peer  Peer
+	// dropped is the secondary this side, as the primary, claimed the pair against: it holds an
+	// older state and can never follow again (the operator replaces it), so no log goes to it.
+	dropped   string
 	claiming  bool
 	engineRun context.CancelFunc
 	engineErr error
@@ -223,10 +225,7 @@ func (a *Agent) SetPeer(ctx context.Context, p Peer) {
 // primary's node lost): a synchronized secondary that has not gone live yet claims the Lease.
 func (a *Agent) Promote(ctx context.Context) {
 	a.post(ctx, func() {
-		a.mu.Lock()
-		ok := a.side.State == failover.Replicating && a.synced
-		a.mu.Unlock()
-		if ok {
+		if a.State() == failover.Replicating && a.synchronized() {
 			a.on(ctx, failover.PeerSilent, "the operator promoted this member")
 		}
 	})

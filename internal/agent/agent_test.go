@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -381,5 +382,119 @@ func TestPromotedPrimaryClaimsANewEpoch(t *testing.T) {
 	// What c's own claim would meet had it been partitioned rather than dead.
 	if _, err := p.lease.Side("c").Claim(context.Background(), 3); !errors.Is(err, engine.ErrLost) {
 		t.Fatalf("a claim from the epoch the new secondary knew: %v, want it lost", err)
+	}
+}
+
+// dropping is an engine that asks to drop its secondary when drop is closed (a COLO protection
+// that broke while the secondary still answers) and reports DropSecondary's answer with the
+// record's epoch when it came.
+type dropping struct {
+	*vmdouble.Counter
+	lease   *leasedouble.Lease
+	drop    chan struct{}
+	answers chan dropAnswer
+}
+
+type dropAnswer struct {
+	err   error
+	epoch uint64
+}
+
+func (d *dropping) Run(ctx context.Context, rec engine.Recorder) error {
+	go func() {
+		select {
+		case <-d.drop:
+			err := rec.DropSecondary(ctx, "the protection broke")
+			d.answers <- dropAnswer{err, d.lease.Holder().Epoch}
+		case <-ctx.Done():
+		}
+	}()
+	return d.Counter.Run(ctx, rec)
+}
+
+// A primary whose engine can no longer keep its secondary in step, though the secondary still
+// answers, claims the pair from it before the engine lets anything leave: DropSecondary returns
+// once this side holds a new epoch, which the secondary's own claim can never take; when the
+// record cannot be reached, it returns ErrFenced with the side fenced.
+func TestAPrimaryClaimsThePairFromTheSecondaryItDrops(t *testing.T) {
+	for _, reachable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("record reachable %v", reachable), func(t *testing.T) {
+			p := newPair(t)
+			p.detect = time.Minute // the secondary never goes silent here
+			eng := &dropping{lease: p.lease, drop: make(chan struct{}), answers: make(chan dropAnswer, 1)}
+			p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
+				eng.Counter = c
+				return eng
+			}}
+			p.protect(t)
+			p.lease.SetDown(!reachable)
+			close(eng.drop)
+			got := <-eng.answers
+			if !reachable {
+				if !errors.Is(got.err, engine.ErrFenced) || p.a.agent.State() != failover.Fenced {
+					t.Fatalf("without the record: DropSecondary %v, state %s; want ErrFenced and fenced", got.err, p.a.agent.State())
+				}
+				return
+			}
+			if got.err != nil || got.epoch != 3 {
+				t.Fatalf("DropSecondary %v with the record at epoch %d; want nil once the primary holds epoch 3", got.err, got.epoch)
+			}
+			if h := p.lease.Holder(); h.Identity != "a" || h.Epoch != 3 {
+				t.Fatalf("the record: %+v, want a at epoch 3", h)
+			}
+			// No log goes to the secondary it dropped: b, which still answers, is never
+			// synchronized at epoch 3, and a stays alone until a new secondary comes.
+			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				if st, bs := p.a.agent.Status(), p.b.agent.Status(); st.State != failover.Alone || bs.Epoch != 2 {
+					t.Fatalf("after dropping b: a %s, b at epoch %d; want a alone, b never admitting epoch 3", st.State, bs.Epoch)
+				}
+			}
+			if _, err := p.lease.Side("b").Claim(context.Background(), 2); !errors.Is(err, engine.ErrLost) {
+				t.Fatalf("the dropped secondary's claim from the epoch it held: %v, want it lost", err)
+			}
+		})
+	}
+}
+
+// A secondary holds the state of the epoch whose entries it applied: once a primary of a newer
+// epoch was admitted (one that claimed the pair against it, and released outputs it never saw),
+// it is not synchronized until it applied that primary's first entry, and the operator's
+// promotion does nothing.
+func TestASecondaryThatOnlyHeardANewerEpochIsNotPromoted(t *testing.T) {
+	p := newPair(t)
+	p.detect = time.Minute // b goes live only if promoted
+	p.protect(t)
+	p.a.cancel() // a stops; a primary of epoch 3 connects to b and logs nothing yet
+	_ = p.a.ln.Close()
+	cfg := p.tlsA
+	cfg.TLS = p.ca.TLSConfig(t, "node-a")
+	newer := channel.NewPrimary(cfg, p.b.ln.Addr().String(), 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = newer.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.b.agent.Status().Epoch != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the epoch 3 primary was never admitted: %+v", p.b.agent.Status())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if p.b.agent.Status().Synced {
+		t.Fatal("the secondary reports itself synchronized at epoch 3, having applied nothing of it")
+	}
+	p.b.agent.Promote(context.Background())
+	time.Sleep(300 * time.Millisecond)
+	if st := p.b.agent.Status(); st.State != failover.Replicating || p.lease.Holder().Epoch != 2 {
+		t.Fatalf("after a promotion: %s, the record at epoch %d; want it still replicating, the record untouched", st.State, p.lease.Holder().Epoch)
+	}
+	if _, err := newer.Append(ctx, binary.BigEndian.AppendUint64(nil, 7)); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !p.b.agent.Status().Synced {
+		if time.Now().After(deadline) {
+			t.Fatalf("the secondary never synchronized at epoch 3: %+v", p.b.agent.Status())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

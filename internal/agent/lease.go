@@ -32,6 +32,9 @@ func (a *Agent) startPrimary(ctx context.Context) {
 func (a *Agent) claimFromPeer(ctx context.Context) {
 	a.mu.Lock()
 	known, sec := a.epoch, a.sec
+	if a.side.WasPrimary && a.out != nil {
+		a.dropped = a.out.peer.VMI
+	}
 	a.mu.Unlock()
 	if sec != nil {
 		// Apply nothing more: this side may go live from what it has. Close waits for an entry
@@ -90,6 +93,60 @@ func claimWithin(ctx context.Context, arb engine.Arbiter, known uint64, timeout 
 		case <-ctx.Done():
 			return 0, err
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// DropSecondary implements engine.Recorder: a protected primary claims the pair from a secondary
+// that its engine can no longer keep in step, and waits for the claim's answer. (A side already
+// claiming waits for its claim; a side alone holds an epoch its secondary never took the state of.)
+func (a *Agent) DropSecondary(ctx context.Context, why string) error {
+	type start struct {
+		state failover.State
+		epoch uint64
+	}
+	started := make(chan start, 1)
+	a.post(ctx, func() {
+		a.mu.Lock()
+		st := start{a.side.State, a.epoch}
+		a.mu.Unlock()
+		if st.state == failover.Protected {
+			a.on(ctx, failover.SecondaryDropped, why)
+		}
+		started <- st
+	})
+	var from start
+	select {
+	case from = <-started:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	switch from.state {
+	case failover.Alone:
+		return nil
+	case failover.Fenced:
+		return engine.ErrFenced
+	case failover.Protected, failover.Claiming:
+	default:
+		return fmt.Errorf("a side in state %s has no secondary to drop", from.state)
+	}
+	for {
+		a.mu.Lock()
+		state, epoch := a.side.State, a.epoch
+		a.mu.Unlock()
+		switch {
+		case state == failover.Fenced:
+			return engine.ErrFenced
+		case state != failover.Claiming && epoch > from.epoch:
+			return nil // won (the agent may already be protected again by a new secondary)
+		}
+		select {
+		case <-ctx.Done():
+			if a.State() == failover.Fenced {
+				return engine.ErrFenced
+			}
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

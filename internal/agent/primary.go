@@ -53,13 +53,14 @@ func (a *Agent) startEngine(ctx context.Context) {
 	}()
 }
 
-// connectPeer starts a new log to the peer when this side runs the VM without a secondary.
+// connectPeer starts a new log to the peer when this side runs the VM without a secondary (and
+// the peer is not the secondary it claimed the pair against).
 func (a *Agent) connectPeer(ctx context.Context) {
 	a.mu.Lock()
 	alone := a.side.State == failover.Alone
-	peer, cur := a.peer, a.out
+	peer, cur, dropped := a.peer, a.out, a.dropped
 	a.mu.Unlock()
-	if !alone || peer.VMI == "" || peer.Addr == "" || (cur != nil && cur.peer == peer) {
+	if !alone || peer.VMI == "" || peer.Addr == "" || peer.VMI == dropped || (cur != nil && cur.peer == peer) {
 		return
 	}
 	a.dropChannel()

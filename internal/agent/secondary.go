@@ -8,21 +8,18 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
-	"github.com/lockstep-dev/lockstep/internal/ftlog"
 )
 
 func (a *Agent) startSecondary(ctx context.Context) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.sec = channel.NewSecondary(a.cfg.Channel, a.apply)
+	a.sec = channel.NewSecondary(a.cfg.Channel, a.vm.Apply)
+	a.sec.OnSynchronized = a.changed
 	// A primary that resigned stopped running the VM: a synchronized secondary claims the pair
 	// at once, as it would after the detection timeout.
 	a.sec.OnResign = func(reason string) {
 		go a.post(ctx, func() {
-			a.mu.Lock()
-			ok := a.side.State == failover.Replicating && a.synced
-			a.mu.Unlock()
-			if ok {
+			if a.State() == failover.Replicating && a.synchronized() {
 				a.on(ctx, failover.PeerSilent, "the primary resigned: "+reason)
 			}
 		})
@@ -52,27 +49,22 @@ func (a *Agent) watchVM(ctx context.Context, exited <-chan struct{}) {
 	}
 }
 
-// apply applies an entry on the secondary; the first one makes it synchronized.
-func (a *Agent) apply(e ftlog.Entry) error {
-	if err := a.vm.Apply(e); err != nil {
-		return err
-	}
+// synchronized says whether the side, as a secondary, holds the state of its primary's newest
+// epoch (channel.Secondary.Synchronized): only then may it claim the pair or be promoted.
+func (a *Agent) synchronized() bool {
 	a.mu.Lock()
-	first := !a.synced
-	a.synced = true
+	sec := a.sec
 	a.mu.Unlock()
-	if first {
-		a.changed()
-	}
-	return nil
+	return sec != nil && sec.Synchronized()
 }
 
 // checkSilence is the failure detector: a protected primary or a synchronized secondary that has
 // not heard its peer for Detect claims the Lease.
 func (a *Agent) checkSilence(ctx context.Context, now time.Time) {
 	a.mu.Lock()
-	state, sec, out, synced := a.side.State, a.sec, a.out, a.synced
+	state, sec, out := a.side.State, a.sec, a.out
 	a.mu.Unlock()
+	synced := sec != nil && sec.Synchronized()
 	var silence time.Duration
 	switch {
 	case state == failover.Protected && out != nil:

@@ -59,7 +59,7 @@ type Status struct {
 func (a *Agent) Status() Status {
 	a.mu.Lock()
 	st := Status{Pair: a.cfg.Pair, Identity: a.cfg.Identity, State: a.side.State, Since: a.since,
-		RunsVM: a.engineRun != nil, Epoch: a.epoch, Synced: a.synced, Peer: a.peer, Position: a.pos,
+		RunsVM: a.engineRun != nil, Epoch: a.epoch, Peer: a.peer, Position: a.pos,
 		Failovers: a.failovers, Message: a.fenceWhy, BytesLogged: a.bytesDone}
 	oc, sec, kg := a.out, a.sec, a.kgate
 	if a.attachErr != nil {
@@ -69,6 +69,7 @@ func (a *Agent) Status() Status {
 		st.Message = "the VM engine stopped: " + a.engineErr.Error()
 	}
 	a.mu.Unlock()
+	st.Synced = sec != nil && sec.Synchronized()
 	st.Held = a.pgate.Held()
 	if kg != nil {
 		st.Held += kg.Held()

@@ -97,6 +97,8 @@ type conn struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	wbuf []byte // encoding buffer, reused (only the connection's writer goroutine writes)
+	// epoch is the primary's, on a secondary's connection (set when it is admitted).
+	epoch uint64
 }
 
 func newConn(c net.Conn) *conn {

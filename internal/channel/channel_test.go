@@ -302,3 +302,71 @@ func TestAPrimaryThatResignsTellsTheSecondary(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestASecondaryHoldsOnlyTheStateOfTheNewestEpoch: a primary that claimed the pair against its
+// secondary takes a new epoch and may release outputs the secondary never saw. A secondary that
+// only admitted such a primary's Hello holds the older state: it is not Synchronized (it may not
+// claim the pair nor be promoted) until it applied that primary's first entry.
+func TestASecondaryHoldsOnlyTheStateOfTheNewestEpoch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := pki.New(t, "lockstep-ca")
+	cfg := Config{Pair: "ns/db", Heartbeat: 20 * time.Millisecond, Timeout: time.Second}
+	scfg := cfg
+	scfg.TLS = ca.TLSConfig(t, "lockstepd")
+	var flips atomic.Int32
+	sec := NewSecondary(scfg, func(ftlog.Entry) error { return nil })
+	sec.OnSynchronized = func() { flips.Add(1) }
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = sec.Serve(ctx, ln) }()
+	primaryAt := func(epoch uint64) (*Primary, context.CancelFunc) {
+		pcfg := cfg
+		pcfg.TLS = ca.TLSConfig(t, "lockstepd")
+		p := NewPrimary(pcfg, ln.Addr().String(), epoch)
+		pctx, stop := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = p.Run(pctx) }()
+		return p, stop
+	}
+	appendAcked := func(p *Primary) {
+		t.Helper()
+		seq, err := p.Append(ctx, []byte("state"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.WaitAcked(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sec.Synchronized() {
+		t.Fatal("a secondary that applied nothing says it is synchronized")
+	}
+	first, stopFirst := primaryAt(1)
+	appendAcked(first)
+	if !sec.Synchronized() || flips.Load() != 1 {
+		t.Fatalf("after the epoch 1 primary's first entry: synchronized %v, OnSynchronized called %d times", sec.Synchronized(), flips.Load())
+	}
+	stopFirst()
+	second, stopSecond := primaryAt(2)
+	defer stopSecond()
+	deadline := time.Now().Add(10 * time.Second)
+	for sec.Epoch() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the epoch 2 primary was never admitted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if sec.Synchronized() {
+		t.Fatal("the secondary says it is synchronized at epoch 2, having applied nothing its primary logged")
+	}
+	appendAcked(second)
+	if !sec.Synchronized() || flips.Load() != 2 {
+		t.Fatalf("after the epoch 2 primary's first entry: synchronized %v, OnSynchronized called %d times", sec.Synchronized(), flips.Load())
+	}
+}

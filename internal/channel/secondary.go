@@ -22,19 +22,24 @@ type Secondary struct {
 	// OnResign, when set, is called with the reason when the primary resigns (ftlog.Resign): it
 	// stopped running the VM. It is called from the connection's reader and must not block.
 	OnResign func(reason string)
+	// OnSynchronized, when set, is called (without blocking) when the secondary becomes
+	// Synchronized: it applied its first entry of a primary of the newest epoch it admitted.
+	OnSynchronized func()
 
 	// applyMu serializes applying entries across connections: a connection being replaced may
 	// still be applying one when its successor asks where to resume.
 	applyMu sync.Mutex
 
-	mu        sync.Mutex
-	rep       *ftlog.Replica
-	epoch     uint64 // highest primary epoch seen: an older primary is refused
-	lastHeard time.Time
-	current   net.Conn
-	closed    bool
-	logID     uint64 // the primary's log the replica follows
-	stats     SecondaryStats
+	mu    sync.Mutex
+	rep   *ftlog.Replica
+	epoch uint64 // highest primary epoch seen: an older primary is refused
+	// appliedEpoch is the newest epoch of a primary one of whose entries was applied.
+	appliedEpoch uint64
+	lastHeard    time.Time
+	current      net.Conn
+	closed       bool
+	logID        uint64 // the primary's log the replica follows
+	stats        SecondaryStats
 }
 
 // SecondaryStats are the secondary's counters.
@@ -177,6 +182,18 @@ func (s *Secondary) serveConn(ctx context.Context, c *conn, peer *ftlog.Hello) e
 	return err
 }
 
+// Synchronized says whether the secondary holds the state of the newest primary epoch it
+// admitted: it applied an entry that a primary of that epoch logged. A primary takes a new epoch
+// when it claims the pair against its secondary, and from then on releases outputs that the
+// secondary never saw; a secondary that only heard its Hello since holds an older state, and may
+// neither claim the pair nor be promoted until it applied the new log's first entry (the whole
+// state).
+func (s *Secondary) Synchronized() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.appliedEpoch > 0 && s.appliedEpoch >= s.epoch
+}
+
 // Epoch is the newest primary epoch this secondary has admitted.
 func (s *Secondary) Epoch() uint64 {
 	s.mu.Lock()
@@ -211,6 +228,7 @@ func (s *Secondary) admit(c *conn, peer *ftlog.Hello) (ftlog.Hello, error) {
 		return ftlog.Hello{}, fmt.Errorf("%w: primary of epoch %d, but epoch %d was seen: a fenced primary", ErrHandshake, peer.Epoch, s.epoch)
 	}
 	s.epoch = peer.Epoch
+	c.epoch = peer.Epoch
 	if peer.Log != s.logID {
 		// A new log starts with the whole state: the replica starts over.
 		s.logID, s.rep = peer.Log, ftlog.NewReplica()
@@ -287,7 +305,12 @@ func (s *Secondary) applyAll(c *conn, entries []ftlog.Entry) error {
 		}
 		s.mu.Lock()
 		s.rep.Applied(e)
+		synchronized := c.epoch > s.appliedEpoch && c.epoch == s.epoch
+		s.appliedEpoch = max(s.appliedEpoch, c.epoch)
 		s.mu.Unlock()
+		if synchronized && s.OnSynchronized != nil {
+			s.OnSynchronized()
+		}
 	}
 	return nil
 }

@@ -99,7 +99,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	e.q, e.pid, e.replicated, e.diskBytes = q, pid, len(f.disks), f.disks
 	e.wasSecondary = f.rewriter
-	e.leftover = e.cfg.Primary && f.mode == "primary"
+	e.leftover = e.cfg.Primary && f.mode == modePrimary
 	unfinishedGoLive := e.cfg.Primary && (f.mode == "secondary" || f.redirectors)
 	if unfinishedGoLive {
 		e.live = false // Run finishes the go-live

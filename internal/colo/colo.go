@@ -330,6 +330,9 @@ type Status struct {
 	Reason   string `json:"reason"`
 }
 
+// modePrimary is query-colo-status's mode of a COLO primary.
+const modePrimary = "primary"
+
 // WaitMode waits until the side is in COLO mode want ("primary" or "secondary").
 func WaitMode(ctx context.Context, q *qmp.Conn, want string) error {
 	for {

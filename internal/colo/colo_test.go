@@ -27,6 +27,8 @@ type fakeQEMU struct {
 	sizes  map[string]int64
 	// replies are canned returns of commands (by name).
 	replies map[string]any
+	// events are sent, each once, after the reply to the command that names them.
+	events map[string][]map[string]any
 
 	mu      sync.Mutex
 	cmds    []string
@@ -93,6 +95,13 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 				reply["return"] = list
 			}
 			_ = w.Encode(reply)
+			f.mu.Lock()
+			evs := f.events[req.Execute]
+			delete(f.events, req.Execute)
+			f.mu.Unlock()
+			for _, ev := range evs {
+				_ = w.Encode(ev)
+			}
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -88,7 +88,10 @@ type Engine struct {
 	forced        uint64         // checkpoints colo-compare asked for before the periodic one
 	causes        causeCounts    // the forced ones by the cause colo-compare gave, when it does
 	copying       engine.Resync  // the disks' resync into the secondary, while it runs
-	protectErr    string         // why the last protection failed, until one succeeds
+	watchEvery    time.Duration  // how often Run checks that the protection holds
+	// lastCheckpoint is when the current protection began or last checkpointed.
+	lastCheckpoint time.Time
+	protectErr     string // why the last protection failed, until one succeeds
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -99,7 +102,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.CompareTimeout <= 0 {
 		cfg.CompareTimeout = 3 * time.Second
 	}
-	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary,
+	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary, watchEvery: 5 * time.Second,
 		interval: ftlog.Interval{Alpha: 1.0 / 8}, pause: ftlog.Interval{Alpha: 1.0 / 8}}
 }
 
@@ -257,6 +260,10 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		}
 	}
 	var retry <-chan time.Time
+	watch := time.NewTicker(e.watchEvery)
+	defer watch.Stop()
+	broken := 0 // consecutive checks that found the protection broken
+	events := q.Events()
 	for {
 		select {
 		case <-ctx.Done():
@@ -266,6 +273,22 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		case cp := <-e.cps:
 			e.logCheckpoint(ctx, rec, cp)
 			e.readCauses(ctx, q)
+			continue
+		case <-watch.C:
+			var err error
+			if broken, err = e.watchProtection(ctx, q, rec, broken, ""); err != nil {
+				return err
+			}
+			continue
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+			} else if coloExitedOnError(ev) {
+				var err error
+				if broken, err = e.watchProtection(ctx, q, rec, broken, "QEMU left COLO: a checkpoint failed (COLO_EXIT)"); err != nil {
+					return err
+				}
+			}
 			continue
 		case <-e.kick:
 		case <-retry:
@@ -284,7 +307,9 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 				e.mu.Lock()
 				e.protectErr = err.Error()
 				e.mu.Unlock()
-				e.teardown(ctx, q)
+				if err := e.endProtection(ctx, q, rec, err.Error()); err != nil {
+					return err // fenced, with the VM's output still held
+				}
 				retry = time.After(2 * time.Second)
 				continue
 			}
@@ -294,6 +319,76 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		}
 	}
 }
+
+// watchProtection checks that an established protection still holds: a protection can break
+// underneath while both lockstepds still talk (QEMU left COLO on a stream error and waits, the VM
+// stopped and its output held). The second check in a row that finds it broken, or one that
+// QEMU's COLO_EXIT says broke (known), ends it, the pair claimed from the secondary first
+// (endProtection); the agent then asks for a new secondary. It returns the count of consecutive
+// broken checks, and an error when the pair could not be claimed (the side is fenced).
+func (e *Engine) watchProtection(ctx context.Context, q *qmp.Conn, rec engine.Recorder, broken int, known string) (int, error) {
+	e.mu.Lock()
+	protected, busy := e.protected, e.protecting != nil
+	e.mu.Unlock()
+	if !protected || busy {
+		return 0, nil
+	}
+	why := known
+	if why == "" {
+		if why = e.brokenBecause(ctx, q); why == "" {
+			return 0, nil
+		}
+		if broken++; broken < 2 {
+			return broken, nil
+		}
+	}
+	e.cfg.Log.Info("the protection broke; the pair is claimed from the secondary before the VM's output leaves", "why", why)
+	e.mu.Lock()
+	e.protectErr = "the protection broke: " + why
+	e.mu.Unlock()
+	return 0, e.endProtection(ctx, q, rec, why)
+}
+
+// brokenBecause says why the current protection no longer holds, or "": QEMU is not the COLO
+// primary, the secondary's packet streams are down, or no checkpoint came for too long (QEMU's
+// COLO stays "primary" after a checkpoint failed).
+func (e *Engine) brokenBecause(ctx context.Context, q *qmp.Conn) string {
+	holds, err := e.holds(ctx, q)
+	switch {
+	case err != nil:
+		return err.Error()
+	case !holds:
+		return "the secondary's packet streams are down"
+	}
+	return e.checkpointsStalled(time.Now())
+}
+
+// coloExitedOnError says whether ev is QEMU's COLO_EXIT of a primary whose checkpoints failed
+// (not one that lockstepd asked for).
+func coloExitedOnError(ev qmp.Event) bool {
+	if ev.Name != "COLO_EXIT" {
+		return false
+	}
+	var d struct{ Mode, Reason string }
+	return json.Unmarshal(ev.Data, &d) == nil && d.Mode == modePrimary && d.Reason == "error"
+}
+
+// checkpointsStalled says why the protection no longer checkpoints, or "": QEMU's COLO stays
+// "primary" after a checkpoint failed, with the VM stopped, until someone fails it over, so a
+// protection without a checkpoint for stallPeriods of its period (30 s at least) is broken.
+func (e *Engine) checkpointsStalled(now time.Time) string {
+	e.mu.Lock()
+	last := e.lastCheckpoint
+	e.mu.Unlock()
+	limit := max(stallPeriods*e.cfg.Checkpoint, 30*time.Second)
+	if last.IsZero() || now.Sub(last) <= limit {
+		return ""
+	}
+	return fmt.Sprintf("no checkpoint for %s (the last at %s)", now.Sub(last).Round(time.Second), last.UTC().Format(time.RFC3339))
+}
+
+// stallPeriods is how many checkpoint periods without one mean that COLO stopped.
+const stallPeriods = 10
 
 func (e *Engine) logCheckpoint(ctx context.Context, rec engine.Recorder, cp Checkpoint) {
 	e.mu.Lock()

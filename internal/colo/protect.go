@@ -67,7 +67,11 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		_, err := rec.Append(ctx, data)
 		return err
 	}
-	e.teardown(ctx, q) // what an earlier protection left
+	// What an earlier protection left; one of another secondary that still holds (the daemon
+	// named a new peer) ends only once the pair is claimed from that secondary.
+	if err := e.endProtection(ctx, q, rec, "the VM is protected with a new secondary, "+member); err != nil {
+		return err
+	}
 	// One protection, one secondary: its streams go to the member it started with, and a new
 	// peer (the daemon replaced the secondary) ends it, so that the next one starts afresh. A
 	// secondary cannot be migrated into twice.
@@ -139,7 +143,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := WaitMode(wctx, q, "primary"); err != nil {
+	if err := WaitMode(wctx, q, modePrimary); err != nil {
 		return err
 	}
 	data, _ := json.Marshal(entry{Kind: "ready"})
@@ -148,7 +152,28 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	}
 	e.mu.Lock()
 	e.protected = true
+	e.lastCheckpoint = time.Now()
 	e.mu.Unlock()
+	return nil
+}
+
+// endProtection ends the current protection, if any, and lets the VM's held output go. A
+// protection whose secondary took the VM's state ("ready" was logged) ends only once the pair was
+// claimed from that secondary (Recorder.DropSecondary): colo-compare holds every output the
+// secondary has not seen, and the teardown releases them; the secondary, which may still answer
+// its log, must never go live with the older state after that. When the claim is lost, nothing
+// is released: the side is fenced and its VM stopped, and the secondary, whose state covers
+// every output that left, may take over.
+func (e *Engine) endProtection(ctx context.Context, q *qmp.Conn, rec engine.Recorder, why string) error {
+	e.mu.Lock()
+	protected, member := e.protected, e.protectedPeer
+	e.mu.Unlock()
+	if protected {
+		if err := rec.DropSecondary(ctx, fmt.Sprintf("the COLO protection by %s ended: %s", member, why)); err != nil {
+			return fmt.Errorf("the pair could not be claimed from secondary %s, whose protection ended: %w", member, err)
+		}
+	}
+	e.teardown(ctx, q)
 	return nil
 }
 
@@ -162,7 +187,7 @@ func (e *Engine) holds(ctx context.Context, q *qmp.Conn) (bool, error) {
 	if err := q.Execute(ctx, "query-colo-status", nil, &st); err != nil {
 		return false, err
 	}
-	if st.Mode != "primary" {
+	if st.Mode != modePrimary {
 		return false, fmt.Errorf("COLO mode %q", st.Mode)
 	}
 	return Connected(ctx, q, "mirror0", "compare1")
@@ -221,6 +246,7 @@ func (e *Engine) checkpoint(cp Checkpoint) {
 	}
 	e.pause.Observe(cp.Pause)
 	e.checkpoints++
+	e.lastCheckpoint = time.Now()
 	if Forced(cp, e.cfg.Checkpoint) {
 		e.forced++
 	}

@@ -7,16 +7,38 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/lockstep-dev/lockstep/internal/engine"
 )
 
-// logged is an engine.Recorder that keeps what is appended.
+// logged is an engine.Recorder that keeps what is appended. DropSecondary answers dropErr and
+// notes how many QMP commands fake had seen by then.
 type logged struct {
 	mu      sync.Mutex
 	entries []string
+	fake    *fakeQEMU
+	dropErr error
+	drops   []int // len(fake.commands()) at each DropSecondary
+}
+
+func (l *logged) DropSecondary(context.Context, string) error {
+	n := 0
+	if l.fake != nil {
+		n = len(l.fake.commands())
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drops = append(l.drops, n)
+	return l.dropErr
+}
+
+func (l *logged) dropped() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.drops)
 }
 
 func (l *logged) Append(_ context.Context, data []byte) (uint64, error) {
@@ -56,7 +78,7 @@ func TestASecondaryIsMigratedIntoOnce(t *testing.T) {
 			rec := &logged{}
 			err := e.protect(context.Background(), q, rec)
 			for _, held := range []string{"x-colo-lost-heartbeat", "drive-mirror", "migrate", "object-add", "object-del"} {
-				if slices.Contains(f.calls(), held) {
+				if slices.Contains(f.commands(), held) {
 					t.Errorf("the engine ran %s against a secondary it protected before: %v", held, f.calls())
 				}
 			}
@@ -68,6 +90,81 @@ func TestASecondaryIsMigratedIntoOnce(t *testing.T) {
 			}
 			if err != nil || len(rec.entries) != 1 || !strings.Contains(rec.entries[0], `"ready"`) {
 				t.Errorf("got %v, logged %v; want ready logged again", err, rec.entries)
+			}
+		})
+	}
+}
+
+// TestABrokenProtectionIsClaimedBeforeItsOutputLeaves: once its secondary took the VM's state, a
+// protection ends (its teardown releases what colo-compare holds) only after lockstepd claimed
+// the pair from that secondary, which may still answer its log and must never go live with the
+// older state. Whether a Resync finds it broken or the engine's own check does. When the claim is
+// lost, nothing is torn down: the side is fenced with the output still held.
+func TestABrokenProtectionIsClaimedBeforeItsOutputLeaves(t *testing.T) {
+	up := []map[string]string{{"label": "mirror0", "filename": "unix:/m"}, {"label": "compare1", "filename": "unix:/c"}}
+	down := []map[string]string{{"label": "mirror0", "filename": "disconnected:unix:/m"}, {"label": "compare1", "filename": "unix:/c"}}
+	releases := func(cmd string) bool { return cmd == "x-colo-lost-heartbeat" || cmd == "object-del" }
+	for _, c := range []struct {
+		name     string
+		chardevs []map[string]string
+		resync   bool          // a Resync asks for the secondary again; otherwise only the engine's check runs
+		dropErr  error         // the claim's answer
+		drops    int           // claims wanted
+		teardown bool          // whether the protection may be torn down
+		exit     string        // the reason of a COLO_EXIT QEMU sends
+		since    time.Duration // since the last checkpoint
+	}{
+		{name: "a Resync finds it broken: claimed, then torn down", chardevs: down, resync: true, drops: 1, teardown: true},
+		{name: "the engine's check finds it broken: claimed, then torn down", chardevs: down, drops: 1, teardown: true},
+		{name: "the claim is lost: nothing released", chardevs: down, dropErr: engine.ErrFenced, drops: 1},
+		{name: "it holds: nothing", chardevs: up},
+		{name: "QEMU left COLO on an error: claimed, then torn down", chardevs: up, exit: "error", drops: 1, teardown: true},
+		{name: "QEMU left COLO on request: nothing", chardevs: up, exit: "request"},
+		{name: "no checkpoint for a minute: claimed, then torn down", chardevs: up, since: time.Minute, drops: 1, teardown: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := &fakeQEMU{replies: map[string]any{"query-colo-status": map[string]any{"mode": "primary", "last-mode": "none", "reason": "none"}, "query-chardev": c.chardevs}}
+			e := NewEngine(EngineConfig{Pair: "ns/vm", Member: "vm-1", Primary: true, Sockets: Sockets{Dir: t.TempDir()}, Log: logr.Discard()})
+			if c.exit != "" {
+				f.events = map[string][]map[string]any{"cont": {{"event": "COLO_EXIT", "data": map[string]any{"mode": "primary", "reason": c.exit}}}}
+			}
+			q := f.conn(t)
+			e.q, e.replicated, e.watchEvery = q, 1, 10*time.Millisecond
+			e.peer, e.protectedPeer, e.protected = engine.Peer{Member: "vm-2"}, "vm-2", true
+			e.lastCheckpoint = time.Now().Add(-c.since)
+			rec := &logged{fake: f, dropErr: c.dropErr}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- e.Run(ctx, rec) }()
+			if c.resync {
+				e.Resync()
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(rec.dropped()) < c.drops && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond) // what the engine does next
+			cancel()
+			if err := <-done; !errors.Is(err, c.dropErr) || (err == nil) != (c.dropErr == nil) {
+				t.Fatalf("Run returned %v, want %v", err, c.dropErr)
+			}
+			drops := rec.dropped()
+			if len(drops) != c.drops {
+				t.Fatalf("the pair was claimed %d times, want %d; QEMU saw %v", len(drops), c.drops, f.commands())
+			}
+			cmds := f.commands()
+			first := slices.IndexFunc(cmds, releases)
+			if !c.teardown {
+				if first >= 0 {
+					t.Fatalf("the protection was torn down (%s), releasing the held output: %v", cmds[first], cmds)
+				}
+				return
+			}
+			if first < 0 {
+				t.Fatalf("the broken protection was never torn down: %v", cmds)
+			}
+			if first < drops[0] {
+				t.Fatalf("%s ran before the pair was claimed from the secondary: %v (claimed after %d commands)", cmds[first], cmds, drops[0])
 			}
 		})
 	}

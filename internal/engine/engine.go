@@ -47,6 +47,14 @@ type Recorder interface {
 	// then calls release; outputs are released in the order they were given. An output held when
 	// the side is fenced is dropped: release is never called.
 	Output(release func())
+	// DropSecondary is for an engine that holds the VM's output itself (QEMU COLO's comparison)
+	// and can no longer keep its secondary in step while the secondary still answers (the
+	// protection broke): before the engine lets that output leave, lockstepd claims the pair
+	// from the secondary, as from a silent one, so that the secondary can never go live with the
+	// older state. It returns once the claim is decided: nil when this side won it (or already
+	// runs alone: its secondary never took the state of its epoch), ErrFenced when it lost it or
+	// could not reach the record (the side is fenced: the engine must release nothing).
+	DropSecondary(ctx context.Context, why string) error
 }
 
 // Unprotector is an Engine that replicates through streams of its own (QEMU COLO) rather than

@@ -47,10 +47,14 @@ const (
 	ClaimFailed
 	// SecondaryJoined: a new secondary caught up with this Alone primary; protection resumes.
 	SecondaryJoined
+	// SecondaryDropped: the primary's engine can no longer keep its secondary in step, though
+	// the secondary still answers (a COLO protection that broke): before the VM's output leaves
+	// without it, the primary claims the pair from it, as from a silent one.
+	SecondaryDropped
 )
 
 func (e Event) String() string {
-	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined"}[e]
+	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined", "SecondaryDropped"}[e]
 }
 
 // Action is what lockstepd must do.
@@ -100,8 +104,12 @@ func (s *Side) On(e Event) ([]Action, error) {
 		s.WasPrimary = s.State == Protected
 		s.State = Claiming
 		return []Action{Claim}, nil
-	case e == PeerSilent && (s.State == Claiming || s.State == Alone):
-		return nil, nil // already handling it
+	case e == SecondaryDropped && s.State == Protected:
+		s.WasPrimary = true
+		s.State = Claiming
+		return []Action{Claim}, nil
+	case (e == PeerSilent || e == SecondaryDropped) && (s.State == Claiming || s.State == Alone):
+		return nil, nil // already handling it (an Alone side has no secondary to drop)
 	case s.State == Claiming && e == ClaimWon:
 		s.State = Alone
 		if s.WasPrimary {

@@ -30,8 +30,12 @@ func TestNeverTwoLiveSides(t *testing.T) {
 					apiOK[i] = !apiOK[i]
 				case 2, 3: // a side's detector fires: the link is down, or the peer is fenced
 					i := r.IntN(2)
-					if !linkUp || sides[1-i].State == Fenced {
-						acts, err := sides[i].On(PeerSilent)
+					ev := PeerSilent
+					if linkUp && sides[i].State == Protected && r.IntN(2) == 0 {
+						ev = SecondaryDropped // the primary's engine lost its secondary, which still answers
+					}
+					if !linkUp || sides[1-i].State == Fenced || ev == SecondaryDropped {
+						acts, err := sides[i].On(ev)
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -118,6 +122,9 @@ func TestWhatEachSideDoes(t *testing.T) {
 		{"no arbiter", NewSecondary(), []Event{PeerSilent, ClaimFailed}, Fenced, []Action{Fence}},
 		{"re-protected", NewSecondary(), []Event{PeerSilent, ClaimWon, SecondaryJoined}, Protected, nil},
 		{"fenced is final", NewPrimary(), []Event{PeerSilent, ClaimLost, PeerSilent}, Fenced, nil},
+		{"primary drops its secondary", NewPrimary(), []Event{SecondaryDropped}, Claiming, []Action{Claim}},
+		{"primary goes on without the secondary it dropped", NewPrimary(), []Event{SecondaryDropped, ClaimWon}, Alone, []Action{ReleaseHeld, StartSecondary}},
+		{"an alone primary has no secondary to drop", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryDropped}, Alone, nil},
 	} {
 		s := c.side
 		var last []Action
@@ -135,5 +142,8 @@ func TestWhatEachSideDoes(t *testing.T) {
 	s := NewSecondary()
 	if _, err := s.On(ClaimWon); err == nil {
 		t.Error("a claim won without a claim must be refused")
+	}
+	if _, err := s.On(SecondaryDropped); err == nil || s.State != Replicating {
+		t.Errorf("a secondary has no secondary to drop: err %v, state %s", err, s.State)
 	}
 }

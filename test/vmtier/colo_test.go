@@ -191,6 +191,36 @@ func reprotection(t *testing.T, on stack) {
 	cl.checkDisk(s2)
 }
 
+// TestColoAProtectionThatBreaksUnderneathIsClaimedFirst: the secondary's QEMU leaves COLO on its
+// own (x-colo-lost-heartbeat on its monitor) while both lockstepds talk on. The primary's next
+// checkpoint fails and its QEMU waits, the VM stopped and its output held. lockstepd on the
+// primary claims the pair from the secondary (epoch 3) before it lets that output go; the
+// secondary, which holds only epoch 2's state, loses its own claim and is fenced. One side serves
+// throughout, with nothing lost.
+func TestColoAProtectionThatBreaksUnderneathIsClaimedFirst(t *testing.T) {
+	c, cl, p, s := protectedPair(t, 2, direct)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	broke := time.Now()
+	if err := s.launcher.Execute(ctx, "x-colo-lost-heartbeat", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	winner, _ := cl.untilOneSideRuns(p, s, "the secondary left COLO")
+	if winner != p {
+		t.Fatalf("%s went live, with the state of a protection that had ended", winner.name)
+	}
+	at := cl.next("the primary serves alone", time.Minute)
+	t.Logf("the secondary left COLO; the primary served alone %s later", at.Sub(broke).Round(time.Millisecond))
+	if st := p.agent.Status(); st.Epoch != 3 || st.Failovers != 0 {
+		t.Fatalf("the primary: %+v, want it at epoch 3, claimed from its secondary", st)
+	}
+	if _, err := c.lease.Side(s.spec.Identity).Claim(ctx, 2); err == nil {
+		t.Fatal("a claim from the epoch the secondary held was won")
+	}
+	cl.serveFor("the primary serves alone", 15*time.Second)
+	cl.checkDisk(p)
+}
+
 // TestColoPartitionLetsOneSideServe cuts the logging network between two live sides. Both claim
 // the Lease; one wins and serves, the other is fenced (its QEMU killed). The client, asking all
 // along, never sees a count twice or out of order: at most one side ever served.
