@@ -17,6 +17,7 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
@@ -46,9 +47,11 @@ type Placer struct {
 	Defaults  placement.Limits
 	// RequireLockstepd takes only nodes where lockstepd runs (it published its logging address
 	// and renews its node lease, in LockstepdNamespace): a COLO member's state reaches it only
-	// through lockstepd, and a secondary placed elsewhere would hold nothing.
+	// through lockstepd, and a secondary placed elsewhere would hold nothing. Leases is the
+	// cache's store of leases, where a decision reads each node's lease without a copy.
 	RequireLockstepd   bool
 	LockstepdNamespace string
+	Leases             KeyGetter
 	// AssumeTTL bounds how long a created member that the cache never shows is remembered.
 	AssumeTTL time.Duration
 
@@ -64,8 +67,19 @@ type Lister interface {
 	List() []any
 }
 
-// InformerLister is the Lister of the cache's informer for obj's kind.
-func InformerLister(ctx context.Context, c cache.Informers, obj client.Object) (Lister, error) {
+// KeyGetter gets one object of an informer's own by its "namespace/name" key, shared too.
+type KeyGetter interface {
+	GetByKey(key string) (item any, exists bool, err error)
+}
+
+// Store is an informer's store: its objects, listed or by key.
+type Store interface {
+	Lister
+	KeyGetter
+}
+
+// InformerLister is the Store of the cache's informer for obj's kind.
+func InformerLister(ctx context.Context, c cache.Informers, obj client.Object) (Store, error) {
 	inf, err := c.GetInformer(ctx, obj)
 	if err != nil {
 		return nil, err
@@ -280,7 +294,7 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 		}
 		pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: byNode[n.Name], Unavailable: fits(n)}
 		if pn.Unavailable == "" && p.RequireLockstepd {
-			if running, expired := lockstepdOn(ctx, p.Reader, p.LockstepdNamespace, n, time.Now()); !running {
+			if running, expired := health.Lockstepd(n, p.nodeLease(ctx, n.Name), time.Now()); !running {
 				pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
 				if !expired.IsZero() {
 					pn.Unavailable = "lockstepd does not run there (its node lease " + ftv1.NodeLeaseName(n.Name) + " ran out at " +
@@ -295,6 +309,25 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	}
 	metrics.ObserveNodes(out)
 	return out, nil
+}
+
+// nodeLease is lockstepd's lease on node in the cache's store, or nil when there is none or the
+// store cannot say (then the node's address alone says whether lockstepd runs, as without a
+// lease: see lockstepdOn).
+func (p *Placer) nodeLease(ctx context.Context, node string) *coordinationv1.Lease {
+	if p.Leases == nil {
+		return nil
+	}
+	item, exists, err := p.Leases.GetByKey(p.LockstepdNamespace + "/" + ftv1.NodeLeaseName(node))
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("reading a node lease", "node", node, "err", err.Error())
+		return nil
+	}
+	lease, _ := item.(*coordinationv1.Lease)
+	if !exists {
+		return nil
+	}
+	return lease
 }
 
 // pairsAlone are the pairs whose protection is Disabled: no secondary is held for them.

@@ -11,6 +11,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -50,6 +52,27 @@ func placerOn(t *testing.T, nodes int, limits placement.Limits) (*Placer, client
 type clientLister struct {
 	c    client.Reader
 	list client.ObjectList
+}
+
+// GetByKey gets the object of the list's kind at "namespace/name".
+func (l clientLister) GetByKey(key string) (any, bool, error) {
+	ns, name, _ := strings.Cut(key, "/")
+	gvk, err := apiutil.GVKForObject(l.list, NewScheme())
+	if err != nil {
+		return nil, false, err
+	}
+	o, err := NewScheme().New(gvk.GroupVersion().WithKind(strings.TrimSuffix(gvk.Kind, "List")))
+	if err != nil {
+		return nil, false, err
+	}
+	co := o.(client.Object)
+	switch err := l.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, co); {
+	case apierrors.IsNotFound(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	}
+	return co, true, nil
 }
 
 func (l clientLister) List() []any {
@@ -197,7 +220,7 @@ func TestUnderCOLOOnlyNodesWithLockstepdTakeMembers(t *testing.T) {
 
 	// lockstepd on node-1 renews its node lease: it runs there while the lease is current, and
 	// not once it ran out (lockstepd died: its address stays on the Node).
-	p.RequireLockstepd, p.LockstepdNamespace = true, "lockstep-system"
+	p.RequireLockstepd, p.LockstepdNamespace, p.Leases = true, "lockstep-system", clientLister{c, &coordinationv1.LeaseList{}}
 	renewed := metav1.NewMicroTime(time.Now())
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lockstep-system", Name: ftv1.NodeLeaseName("node-1"),
 		Labels: map[string]string{ftv1.LabelManagedBy: ftv1.ManagedByValue, ftv1.LabelComponent: ftv1.ComponentLockstepd}}, // as lockstepd labels it: the operator's cache holds only such

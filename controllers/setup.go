@@ -58,6 +58,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 	if err != nil {
 		return err
 	}
+	var leases Store
+	if cfg.Member.COLO.Enabled {
+		if leases, err = InformerLister(ctx, mgr.GetCache(), &coordinationv1.Lease{}); err != nil {
+			return err
+		}
+	}
 	r := &FaultTolerantVMReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -65,7 +71,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace},
+			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace, Leases: leases},
 		Config: cfg,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {

@@ -153,8 +153,9 @@ var testLimits = placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 
 func startOperator() *operatorProcess { return startOperatorWith(nil) }
 
 // startOperatorWith starts the operator with newClient making its client (nil: the default), so
-// that a test can intercept its writes.
-func startOperatorWith(newClient client.NewClientFunc) *operatorProcess {
+// that a test can intercept its writes; configure, when given, changes its configuration (as
+// its flags would).
+func startOperatorWith(newClient client.NewClientFunc, configure ...func(*controllers.Config)) *operatorProcess {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:     controllers.NewScheme(),
 		Metrics:    metricsserver.Options{BindAddress: "0"},
@@ -164,13 +165,17 @@ func startOperatorWith(newClient client.NewClientFunc) *operatorProcess {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	ctx, cancel := context.WithCancel(suiteCtx)
-	Expect(controllers.Setup(ctx, mgr, controllers.Config{
+	operatorConfig := controllers.Config{
 		Member:                  member.Options{PriorityClassName: "lockstep-ft"},
 		NodeLostGrace:           testNodeLostGrace,
 		RetryInterval:           testRetry,
 		DefaultLogBandwidthMbps: 100,
 		MaxConcurrentReconciles: 4,
-	}, testLimits)).To(Succeed())
+	}
+	for _, f := range configure {
+		f(&operatorConfig)
+	}
+	Expect(controllers.Setup(ctx, mgr, operatorConfig, testLimits)).To(Succeed())
 	p := &operatorProcess{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer GinkgoRecover()
