@@ -37,6 +37,9 @@ type Peer struct {
 	Addr string
 	// StreamAddr is where it relays an engine's own streams (engine.PeerSetter; "" while unknown).
 	StreamAddr string
+	// ReplicaOf names the earlier secondary whose replicas a new secondary's copies hold
+	// (engine.Peer.ReplicaOf).
+	ReplicaOf string
 }
 
 // Config configures one member's agent.
@@ -211,7 +214,7 @@ func (a *Agent) post(ctx context.Context, fn func()) {
 // SetPeer tells the agent where the other member is; a primary without a secondary connects to it.
 func (a *Agent) SetPeer(ctx context.Context, p Peer) {
 	if ps, ok := a.vm.(engine.PeerSetter); ok {
-		ps.SetPeer(engine.Peer{Member: p.VMI, Node: p.Node, StreamAddr: p.StreamAddr})
+		ps.SetPeer(engine.Peer{Member: p.VMI, Node: p.Node, StreamAddr: p.StreamAddr, ReplicaOf: p.ReplicaOf})
 	}
 	a.post(ctx, func() {
 		a.mu.Lock()

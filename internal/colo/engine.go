@@ -88,7 +88,10 @@ type Engine struct {
 	forced        uint64         // checkpoints colo-compare asked for before the periodic one
 	causes        causeCounts    // the forced ones by the cause colo-compare gave, when it does
 	copying       engine.Resync  // the disks' resync into the secondary, while it runs
-	watchEvery    time.Duration  // how often Run checks that the protection holds
+	lastResync    engine.ResyncDone
+	// tracked is the secondary whose replicas replicaBitmap counts from: the last one resynced.
+	tracked    string
+	watchEvery time.Duration // how often Run checks that the protection holds
 	// lastCheckpoint is when the current protection began or last checkpointed.
 	lastCheckpoint time.Time
 	protectErr     string // why the last protection failed, until one succeeds
@@ -218,7 +221,7 @@ func (e *Engine) GateInterface() string { return "" }
 func (e *Engine) Streams() engine.StreamStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value(), Resync: e.copying, ProtectError: e.protectErr,
+	st := engine.StreamStats{Bytes: e.bytesDone, Interval: e.interval.Value(), Checkpoints: e.checkpoints, Forced: e.forced, Pause: e.pause.Value(), Resync: e.copying, LastResync: e.lastResync, ProtectError: e.protectErr,
 		DiskBytes: e.diskBytes}
 	if !e.causes.unknown && e.checkpoints > 0 {
 		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.

@@ -105,16 +105,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		return err
 	}
 	disks := e.disks()
-	started := time.Now()
-	err := resyncDisks(ctx, q, e.cfg.Sockets, disks, func(done, total uint64) {
-		e.mu.Lock()
-		e.copying = engine.Resync{Started: started, Done: done, Total: total}
-		e.mu.Unlock()
-	})
-	e.mu.Lock()
-	e.copying = engine.Resync{}
-	e.mu.Unlock()
-	if err != nil {
+	if err := e.syncReplicas(ctx, q, peer, disks); err != nil {
 		return err
 	}
 	// The secondary's packet streams must be connected before its copy of the VM runs.
@@ -154,6 +145,53 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	e.protected = true
 	e.lastCheckpoint = time.Now()
 	e.mu.Unlock()
+	return nil
+}
+
+// syncReplicas makes each of the secondary's replicas its disk, and returns with the VM stopped: only
+// what the VM wrote since, when the secondary's copies hold the replicas of the secondary that
+// replicaBitmap tracks (an incremental resync: catchup.go), else the whole disks. The bitmap then
+// counts from this secondary.
+func (e *Engine) syncReplicas(ctx context.Context, q *qmp.Conn, peer engine.Peer, disks int) error {
+	e.mu.Lock()
+	incremental := peer.ReplicaOf != "" && peer.ReplicaOf == e.tracked
+	e.tracked = "" // from here on the bitmap counts from no secondary's replicas, until it restarts below
+	e.mu.Unlock()
+	started := time.Now()
+	progress := func(done, total uint64) {
+		e.mu.Lock()
+		e.copying = engine.Resync{Started: started, Done: done, Total: total}
+		e.mu.Unlock()
+	}
+	defer func() {
+		e.mu.Lock()
+		e.copying = engine.Resync{}
+		e.mu.Unlock()
+	}()
+	var copied uint64
+	var err error
+	if incremental {
+		if copied, err = catchUpDisks(ctx, q, e.cfg.Sockets, disks, progress); err != nil {
+			e.cfg.Log.Error(err, "the incremental resync failed; resyncing the whole disks", "replica-of", peer.ReplicaOf)
+			incremental = false
+		}
+	}
+	if !incremental {
+		if copied, err = resyncDisks(ctx, q, e.cfg.Sockets, disks, progress); err != nil {
+			return err
+		}
+	}
+	tracked := peer.Member
+	if err := TrackReplica(ctx, q, disks); err != nil {
+		// Only the next resync's size depends on it: it copies the whole disks.
+		e.cfg.Log.Error(err, "tracking what the VM writes from now on; the next resync copies the whole disks")
+		tracked = ""
+	}
+	e.mu.Lock()
+	e.tracked = tracked
+	e.lastResync = engine.ResyncDone{Member: peer.Member, Incremental: incremental, Bytes: copied, Took: time.Since(started)}
+	e.mu.Unlock()
+	e.cfg.Log.Info("resynced the secondary's disks", "member", peer.Member, "incremental", incremental, "bytes", copied, "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
@@ -198,40 +236,41 @@ func (e *Engine) holds(ctx context.Context, q *qmp.Conn) (bool, error) {
 // change between the resync's end and the first checkpoint. It takes as long as the disks need
 // (no limit: a big disk on slow storage is not an error), telling progress what is copied of
 // what there is every resyncPoll, and fails at once when a copy ends before it caught up.
-func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progress func(done, total uint64)) error {
+func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progress func(done, total uint64)) (uint64, error) {
 	// The secondary may still be starting: retry until its replicas answer.
 	for i := range disks {
 		if err := retryFor(ctx, time.Minute, func() error { return ResyncDisk(ctx, q, s, i) }); err != nil {
-			return fmt.Errorf("resync disk %d: %w", i, err)
+			return 0, fmt.Errorf("resync disk %d: %w", i, err)
 		}
 	}
+	var copied uint64
 	for {
 		jobs, err := Jobs(ctx, q)
 		if err != nil {
-			return err
+			return copied, err
 		}
-		caughtUp, err := resyncState(jobs, disks, progress)
+		caughtUp, err := resyncState(jobs, disks, func(done, total uint64) { copied = done; progress(done, total) })
 		if err != nil {
-			return withDiskSizes(ctx, q, disks, err)
+			return copied, withDiskSizes(ctx, q, disks, err)
 		}
 		if caughtUp {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return copied, ctx.Err()
 		case <-time.After(resyncPoll):
 		}
 	}
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
-		return err
+		return copied, err
 	}
 	for i := range disks {
 		if err := q.Execute(ctx, "block-job-cancel", map[string]any{"device": resyncJob(i)}, nil); err != nil {
-			return err
+			return copied, err
 		}
 	}
-	return retryFor(ctx, time.Minute, func() error {
+	return copied, retryFor(ctx, time.Minute, func() error {
 		if jobs, err := Jobs(ctx, q); err != nil || len(jobs) > 0 {
 			return errors.New("the resync jobs are still there")
 		}

@@ -102,6 +102,10 @@ type Peer struct {
 	Node string
 	// StreamAddr is where the peer's lockstepd relays streams ("" while unknown).
 	StreamAddr string
+	// ReplicaOf, on a new secondary, names the earlier secondary whose replicas its copies hold
+	// (it never went live); "" for blank copies. An engine that tracked what the VM wrote since
+	// that secondary's replicas were whole copies only that (an incremental resync).
+	ReplicaOf string
 }
 
 // StreamReporter is an Engine whose own streams carry the VM's state; their figures replace the
@@ -129,8 +133,10 @@ type StreamStats struct {
 	CausesKnown                       bool
 	OnMismatch, OnTimeout, OnUnparsed uint64
 	UnparsedHeld                      uint64
-	// Resync is the copy of the disks into a new secondary while it runs (zero otherwise).
-	Resync Resync
+	// Resync is the copy of the disks into a new secondary while it runs (zero otherwise);
+	// LastResync is the last one that completed.
+	Resync     Resync
+	LastResync ResyncDone
 	// ProtectError is why the last attempt to protect the VM with its secondary failed ("" once
 	// one succeeds); the engine tries again.
 	ProtectError string
@@ -145,6 +151,16 @@ type StreamStats struct {
 type Resync struct {
 	Started     time.Time
 	Done, Total uint64
+}
+
+// ResyncDone is a completed copy of the disks into a secondary: Bytes copied in Took, of the
+// whole disks or (Incremental) of what the VM wrote since an earlier secondary's replicas, which
+// the new secondary's copies hold, were whole.
+type ResyncDone struct {
+	Member      string
+	Incremental bool
+	Bytes       uint64
+	Took        time.Duration
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

@@ -140,6 +140,7 @@ type member struct {
 	exited      chan struct{}
 	launcher    *qmp.Conn // the launcher's own monitor (the test inspects the VM through it)
 	cancel      context.CancelFunc
+	replicaOf   *member // the earlier secondary whose copies this secondary's are
 }
 
 func newCluster(t testing.TB, nodes int) *cluster { return newClusterOf(t, nodes, true) }
@@ -309,11 +310,17 @@ func (c *cluster) attach(n *node) {
 // the production wiring (Node.StartMember, the COLO engine factory). A primary runs on a fresh
 // disk; a secondary waits for the streams of its primary, peer.
 func (c *cluster) start(n *node, primary bool, peer *member) *member {
+	return c.startOn(n, primary, peer, nil)
+}
+
+// startOn is start, for a secondary whose copies are those of replicaOf (nil: blank), as an
+// operator gives a new secondary the copies of one that was fenced.
+func (c *cluster) startOn(n *node, primary bool, peer, replicaOf *member) *member {
 	t := c.t
 	c.memberCounter++
 	name := fmt.Sprintf("vm-%d-%s", c.memberCounter, n.name)
 	spec := lockstepd.MemberSpec{Pair: pairName, VMI: name, UID: uid(t), Identity: n.name + "/" + name, Primary: primary}
-	m := &member{name: name, node: n, spec: spec, dir: n.lsd.Dir(spec), exited: make(chan struct{})}
+	m := &member{name: name, node: n, spec: spec, dir: n.lsd.Dir(spec), exited: make(chan struct{}), replicaOf: replicaOf}
 	c.launch(m)
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
@@ -350,6 +357,12 @@ func (c *cluster) launch(m *member) {
 		for img, format := range map[string]string{d.image: "raw", d.Parent: "raw", d.Active: "qcow2", d.Hidden: "qcow2"} {
 			if img == d.image && i == 0 && m.spec.Primary && c.debian != nil {
 				c.debian.copyDisk(t, img)
+				continue
+			}
+			if img == d.Parent && m.replicaOf != nil {
+				if out, err := exec.Command("cp", "--sparse=always", m.replicaOf.disks(c)[i].Parent, img).CombinedOutput(); err != nil {
+					t.Fatalf("copying %s's replica: %v\n%s", m.replicaOf.name, err, out)
+				}
 				continue
 			}
 			size := d.Bytes
@@ -488,8 +501,18 @@ func uid(t testing.TB) string {
 // Protected: the secondary holds the whole VM and COLO runs.
 func (c *cluster) protect(p *member, n *node) *member {
 	c.t.Helper()
-	s := c.start(n, false, p)
-	p.run.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()})
+	return c.protectOn(p, n, nil)
+}
+
+// protectOn is protect, with a secondary on the copies of replicaOf (nil: blank copies).
+func (c *cluster) protectOn(p *member, n *node, replicaOf *member) *member {
+	c.t.Helper()
+	s := c.startOn(n, false, p, replicaOf)
+	peer := agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()}
+	if replicaOf != nil {
+		peer.ReplicaOf = replicaOf.name
+	}
+	p.run.SetPeer(context.Background(), peer)
 	c.waitState(p, failover.Protected, 5*time.Minute)
 	if st := s.agent.Status(); !st.Synced {
 		c.t.Fatalf("the secondary is not synchronized once the primary is protected: %+v", st)
