@@ -267,13 +267,13 @@ func (a *Agent) on(ctx context.Context, e failover.Event, why string) {
 			a.mu.Unlock()
 		case failover.ReleaseHeld:
 			a.mu.Lock()
-			pos, running := a.pos, a.engineRun != nil
+			pos, running, dropped := a.pos, a.engineRun != nil, a.dropped
 			a.mu.Unlock()
 			a.ackGates(pos)
-			// A running primary won the Lease after its secondary went silent: an engine that
-			// replicates through its own streams stops replicating to it.
+			// A running primary won the Lease against its secondary: an engine that replicates
+			// through its own streams stops replicating to it.
 			if u, ok := a.vm.(engine.Unprotector); ok && running {
-				u.Unprotect()
+				u.Unprotect(dropped)
 			}
 		case failover.Fence:
 			a.fence(why)

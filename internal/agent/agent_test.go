@@ -237,7 +237,7 @@ type unprotecting struct {
 	unprotects atomic.Int32
 }
 
-func (u *unprotecting) Unprotect() { u.unprotects.Add(1) }
+func (u *unprotecting) Unprotect(string) { u.unprotects.Add(1) }
 
 func (u *unprotecting) Streams() engine.StreamStats {
 	return engine.StreamStats{Bytes: 1 << 30, Interval: 2 * time.Second}
@@ -496,5 +496,47 @@ func TestASecondaryThatOnlyHeardANewerEpochIsNotPromoted(t *testing.T) {
 			t.Fatalf("the secondary never synchronized at epoch 3: %+v", p.b.agent.Status())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// An alone primary that has begun a log to a new secondary claims the pair from it too: what it
+// logged may already have made that secondary synchronized at this epoch (COLO's "ready"),
+// before the acknowledgement that makes the pair Protected came back.
+func TestAnAlonePrimaryWithALogOutClaimsFromItsNewSecondary(t *testing.T) {
+	p := newPair(t)
+	eng := &dropping{lease: p.lease, drop: make(chan struct{}), answers: make(chan dropAnswer, 1)}
+	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
+		eng.Counter = c
+		return eng
+	}}
+	p.a = p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, p.a, failover.Alone) // epoch 2, no secondary yet
+	// A secondary whose node accepts the connection and says nothing: the log is out, unacknowledged.
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = mute.Close() }()
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+		}
+	}()
+	p.a.agent.SetPeer(context.Background(), agent.Peer{VMI: "b", Node: "node-b", Addr: mute.Addr().String()})
+	deadline := time.Now().Add(10 * time.Second)
+	for p.a.agent.Status().Peer.VMI != "b" {
+		if time.Now().After(deadline) {
+			t.Fatal("the primary never took its new secondary")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(eng.drop)
+	got := <-eng.answers
+	if got.err != nil || got.epoch != 3 || p.a.agent.State() != failover.Alone {
+		t.Fatalf("DropSecondary %v with the record at epoch %d, the primary %s; want nil once it holds epoch 3, alone", got.err, got.epoch, p.a.agent.State())
 	}
 }

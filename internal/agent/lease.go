@@ -97,20 +97,25 @@ func claimWithin(ctx context.Context, arb engine.Arbiter, known uint64, timeout 
 	}
 }
 
-// DropSecondary implements engine.Recorder: a protected primary claims the pair from a secondary
-// that its engine can no longer keep in step, and waits for the claim's answer. (A side already
-// claiming waits for its claim; a side alone holds an epoch its secondary never took the state of.)
+// DropSecondary implements engine.Recorder: a primary claims the pair from a secondary that its
+// engine can no longer keep in step, and waits for the claim's answer. That is a protected
+// primary, and an alone one that has begun a log to a secondary: what it logged there may already
+// have made the secondary synchronized at this epoch (the engine's "ready"), before its
+// acknowledgement made the pair Protected. A side already claiming waits for its claim; an alone
+// one without a log out has no secondary that took its epoch's state.
 func (a *Agent) DropSecondary(ctx context.Context, why string) error {
 	type start struct {
-		state failover.State
-		epoch uint64
+		state   failover.State
+		epoch   uint64
+		claimed bool
 	}
 	started := make(chan start, 1)
 	a.post(ctx, func() {
 		a.mu.Lock()
-		st := start{a.side.State, a.epoch}
+		st := start{state: a.side.State, epoch: a.epoch}
+		st.claimed = st.state == failover.Protected || st.state == failover.Alone && a.out != nil
 		a.mu.Unlock()
-		if st.state == failover.Protected {
+		if st.claimed {
 			a.on(ctx, failover.SecondaryDropped, why)
 		}
 		started <- st
@@ -121,12 +126,12 @@ func (a *Agent) DropSecondary(ctx context.Context, why string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	switch from.state {
-	case failover.Alone:
+	switch {
+	case from.claimed || from.state == failover.Claiming:
+	case from.state == failover.Alone:
 		return nil
-	case failover.Fenced:
+	case from.state == failover.Fenced:
 		return engine.ErrFenced
-	case failover.Protected, failover.Claiming:
 	default:
 		return fmt.Errorf("a side in state %s has no secondary to drop", from.state)
 	}

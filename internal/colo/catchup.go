@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,13 +64,20 @@ func TrackReplica(ctx context.Context, q *qmp.Conn, disks int) error {
 func catchUpDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progress func(done, total uint64)) (copied uint64, err error) {
 	var attached []int
 	defer func() {
+		// Also when ctx ended (the protection was called off): the jobs and the replicas' nodes
+		// must go, or the next protection finds them in its way.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err != nil {
+			abandonCatchUp(cctx, q)
+		}
 		for _, i := range attached {
-			if derr := q.Execute(ctx, "blockdev-del", map[string]any{"node-name": catchUpNode(i)}, nil); derr != nil && err == nil {
+			if derr := q.Execute(cctx, "blockdev-del", map[string]any{"node-name": catchUpNode(i)}, nil); derr != nil && err == nil {
 				err = fmt.Errorf("detach the replica of disk %d: %w", i, derr)
 			}
 		}
 		if err != nil {
-			_ = q.Execute(ctx, "cont", nil, nil)
+			_ = q.Execute(cctx, "cont", nil, nil)
 		}
 	}()
 	for i := range disks {
@@ -103,6 +111,51 @@ func catchUpDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progre
 	}
 }
 
+// abandonCatchUp cancels the catch-up's jobs that still run and dismisses them all, so that their
+// replicas' nodes can be detached. (Each round dismisses its jobs once all concluded; a round cut
+// short leaves them.)
+func abandonCatchUp(ctx context.Context, q *qmp.Conn) {
+	_ = retryFor(ctx, 20*time.Second, func() error {
+		jobs, err := catchUpJobs(ctx, q)
+		if err != nil {
+			return err
+		}
+		running := 0
+		for _, j := range jobs {
+			switch j.Status {
+			case "concluded":
+				_ = q.Execute(ctx, "job-dismiss", map[string]any{"id": j.ID}, nil)
+			case "null":
+			default:
+				running++
+				_ = q.Execute(ctx, "job-cancel", map[string]any{"id": j.ID}, nil)
+			}
+		}
+		if running > 0 {
+			return fmt.Errorf("%d catch-up jobs still run", running)
+		}
+		return nil
+	})
+}
+
+// catchUpJob is a catch-up job as query-jobs has it.
+type catchUpJob struct {
+	ID       string `json:"id"`
+	Status   string `json:"status"`
+	Current  uint64 `json:"current-progress"`
+	Total    uint64 `json:"total-progress"`
+	ErrorMsg string `json:"error"`
+}
+
+// catchUpJobs are the catch-up's jobs in QEMU.
+func catchUpJobs(ctx context.Context, q *qmp.Conn) ([]catchUpJob, error) {
+	var jobs []catchUpJob
+	if err := q.Execute(ctx, "query-jobs", nil, &jobs); err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(jobs, func(j catchUpJob) bool { return !strings.HasPrefix(j.ID, "catchup") }), nil
+}
+
 // catchUpRound copies, for each disk, what replicaBitmap marks into its replica, and returns the
 // bytes copied; progress sees them added to before.
 func catchUpRound(ctx context.Context, q *qmp.Conn, disks int, before uint64, progress func(done, total uint64)) (uint64, error) {
@@ -113,22 +166,13 @@ func catchUpRound(ctx context.Context, q *qmp.Conn, disks int, before uint64, pr
 		}
 	}
 	for {
-		var jobs []struct {
-			ID       string `json:"id"`
-			Status   string `json:"status"`
-			Current  uint64 `json:"current-progress"`
-			Total    uint64 `json:"total-progress"`
-			ErrorMsg string `json:"error"`
-		}
-		if err := q.Execute(ctx, "query-jobs", nil, &jobs); err != nil {
+		jobs, err := catchUpJobs(ctx, q)
+		if err != nil {
 			return 0, err
 		}
 		var done, total uint64
 		concluded, errs := 0, []string(nil)
 		for _, j := range jobs {
-			if !strings.HasPrefix(j.ID, "catchup") {
-				continue
-			}
 			done, total = done+j.Current, total+j.Total
 			if j.Status == "concluded" {
 				concluded++

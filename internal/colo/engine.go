@@ -75,8 +75,10 @@ type Engine struct {
 	wasSecondary bool // keeps the filter-rewriter of its secondary days
 	resync       uint64
 	resynced     uint64
-	unprotect    bool
-	protected    bool
+	// unprotect: the agent won the pair against unprotectFrom ("" for whichever secondary).
+	unprotect     bool
+	unprotectFrom string
+	protected     bool
 	// protectedPeer is the last member a protection migrated the VM into: it holds (or held)
 	// the VM's state, and cannot take it again.
 	protectedPeer string
@@ -199,9 +201,9 @@ func (e *Engine) Resync() {
 }
 
 // Unprotect implements engine.Unprotector.
-func (e *Engine) Unprotect() {
+func (e *Engine) Unprotect(secondary string) {
 	e.mu.Lock()
-	e.unprotect = true
+	e.unprotect, e.unprotectFrom = true, secondary
 	e.mu.Unlock()
 	e.poke()
 }
@@ -299,6 +301,9 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		}
 		e.mu.Lock()
 		unprotect, gen, done := e.unprotect, e.resync, e.resynced
+		// The protection the agent's claim ended: not one the engine made since, with another
+		// secondary (a claim the engine asked for comes back while it protects the next one).
+		unprotect = unprotect && (e.unprotectFrom == "" || e.unprotectFrom == e.protectedPeer)
 		e.unprotect = false
 		e.mu.Unlock()
 		if unprotect {
@@ -331,9 +336,9 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 // broken checks, and an error when the pair could not be claimed (the side is fenced).
 func (e *Engine) watchProtection(ctx context.Context, q *qmp.Conn, rec engine.Recorder, broken int, known string) (int, error) {
 	e.mu.Lock()
-	protected, busy := e.protected, e.protecting != nil
+	protected := e.protected
 	e.mu.Unlock()
-	if !protected || busy {
+	if !protected {
 		return 0, nil
 	}
 	why := known

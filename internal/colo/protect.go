@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -122,6 +123,15 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 	e.causes.newProtection()      // StartPrimary creates a new compare object
 	e.protectedPeer = peer.Member // from the migration on, the secondary cannot take another
 	e.mu.Unlock()
+	// A COLO_EXIT that an earlier protection's end left queued must not judge this one.
+	for drained := false; !drained; {
+		select {
+		case _, ok := <-q.Events():
+			drained = !ok // closed: QEMU is gone
+		default:
+			drained = true
+		}
+	}
 	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter, disks); err != nil {
 		return err
 	}
@@ -271,7 +281,8 @@ func resyncDisks(ctx context.Context, q *qmp.Conn, s Sockets, disks int, progres
 		}
 	}
 	return copied, retryFor(ctx, time.Minute, func() error {
-		if jobs, err := Jobs(ctx, q); err != nil || len(jobs) > 0 {
+		jobs, err := Jobs(ctx, q)
+		if err != nil || slices.ContainsFunc(jobs, func(j Job) bool { return strings.HasPrefix(j.ID, "resync") }) {
 			return errors.New("the resync jobs are still there")
 		}
 		return nil

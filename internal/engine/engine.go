@@ -59,10 +59,12 @@ type Recorder interface {
 
 // Unprotector is an Engine that replicates through streams of its own (QEMU COLO) rather than
 // through the log alone. The agent calls Unprotect, without blocking, when the primary won the
-// pair's Lease after its secondary went silent: the engine stops replicating to that secondary
-// and runs the VM on alone until the next Resync.
+// pair's Lease against its secondary (the member named; "" when the agent knows none): the engine
+// stops replicating to that secondary, if it still does, and runs the VM on alone until the next
+// Resync. A protection of another member (the engine may have moved on by the time the call
+// comes) is left alone.
 type Unprotector interface {
-	Unprotect()
+	Unprotect(secondary string)
 }
 
 // Starter is an Engine that must attach to its VM before the agent starts the side: the COLO

@@ -49,7 +49,9 @@ const (
 	SecondaryJoined
 	// SecondaryDropped: the primary's engine can no longer keep its secondary in step, though
 	// the secondary still answers (a COLO protection that broke): before the VM's output leaves
-	// without it, the primary claims the pair from it, as from a silent one.
+	// without it, the primary claims the pair from it, as from a silent one. An Alone primary
+	// claims too: lockstepd sends it only with a log out to a secondary, which may have taken the
+	// epoch's state before its acknowledgement made the pair Protected.
 	SecondaryDropped
 )
 
@@ -104,12 +106,12 @@ func (s *Side) On(e Event) ([]Action, error) {
 		s.WasPrimary = s.State == Protected
 		s.State = Claiming
 		return []Action{Claim}, nil
-	case e == SecondaryDropped && s.State == Protected:
+	case e == SecondaryDropped && (s.State == Protected || s.State == Alone):
 		s.WasPrimary = true
 		s.State = Claiming
 		return []Action{Claim}, nil
 	case (e == PeerSilent || e == SecondaryDropped) && (s.State == Claiming || s.State == Alone):
-		return nil, nil // already handling it (an Alone side has no secondary to drop)
+		return nil, nil // already handling it
 	case s.State == Claiming && e == ClaimWon:
 		s.State = Alone
 		if s.WasPrimary {

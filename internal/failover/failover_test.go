@@ -31,6 +31,7 @@ func TestNeverTwoLiveSides(t *testing.T) {
 				case 2, 3: // a side's detector fires: the link is down, or the peer is fenced
 					i := r.IntN(2)
 					ev := PeerSilent
+					// (An Alone side drops only a new secondary, which the model does not have.)
 					if linkUp && sides[i].State == Protected && r.IntN(2) == 0 {
 						ev = SecondaryDropped // the primary's engine lost its secondary, which still answers
 					}
@@ -124,7 +125,8 @@ func TestWhatEachSideDoes(t *testing.T) {
 		{"fenced is final", NewPrimary(), []Event{PeerSilent, ClaimLost, PeerSilent}, Fenced, nil},
 		{"primary drops its secondary", NewPrimary(), []Event{SecondaryDropped}, Claiming, []Action{Claim}},
 		{"primary goes on without the secondary it dropped", NewPrimary(), []Event{SecondaryDropped, ClaimWon}, Alone, []Action{ReleaseHeld, StartSecondary}},
-		{"an alone primary has no secondary to drop", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryDropped}, Alone, nil},
+		{"an alone primary claims from the new secondary it logged to", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryDropped}, Claiming, []Action{Claim}},
+		{"a claiming primary is already claiming", NewPrimary(), []Event{PeerSilent, SecondaryDropped}, Claiming, nil},
 	} {
 		s := c.side
 		var last []Action
