@@ -156,10 +156,10 @@ test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (defa
 	hack/gotest.sh chaos -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench
-bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip; a checkpoint's stream through both relays against one Unix socket), as ratios; failover time over KILLS (50) kills; what COLO costs a VM (request/response, mail-like and bulk loads, unprotected and protected, as ratios); the COLO pair's checkpoints, bandwidth and FAILOVERS (50) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt; FULLSTACK_KILLS (20) kills of the primary's node on the full stack.
+bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmarks beside their baselines (TCP, TLS, round trip; a checkpoint's stream through both relays against one Unix socket), as ratios; failover time over KILLS (50) kills; what COLO costs a VM (request/response, mail-like and bulk loads, unprotected and protected, as ratios); the COLO pair's checkpoints, bandwidth and FAILOVERS (50) failovers on QEMU, launched directly and through the KubeVirt hook and libvirt; a whole resync against an incremental one after the same writes; FULLSTACK_KILLS (20) kills of the primary's node on the full stack.
 	{ go test -run '^$$' -bench . -benchtime $${BENCHTIME:-3s} ./internal/channel/ ./internal/relay/ && \
 	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/ && \
-	  go test -tags vmtier -run '^$$' -bench 'ColoCost|ColoFailover' -benchtime 1x -timeout 90m -v ./test/vmtier/ && \
+	  go test -tags vmtier -run '^$$' -bench 'ColoCost|ColoFailover|ColoResync' -benchtime 1x -timeout 90m -v ./test/vmtier/ && \
 	  go test -tags fullstack -run '^$$' -bench FullStackFailover -benchtime 1x -timeout 60m -v ./test/fullstack/; } | go run ./hack/benchreport
 
 .PHONY: demo

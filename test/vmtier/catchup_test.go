@@ -59,7 +59,7 @@ func TestColoASecondaryOnAnEarlierSecondarysCopiesCatchesUp(t *testing.T) {
 
 // ioOn runs a qemu-io command on member m's data disk (colo.DiskNode(1)) through its QEMU's block
 // layer, as a guest's write would go (and be tracked).
-func ioOn(t *testing.T, m *member, command string) {
+func ioOn(t testing.TB, m *member, command string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
