@@ -269,6 +269,7 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 	defer watch.Stop()
 	broken := 0 // consecutive checks that found the protection broken
 	events := q.Events()
+	var exited <-chan time.Time // a COLO_EXIT on an error, to judge
 	for {
 		select {
 		case <-ctx.Done():
@@ -288,11 +289,18 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
-			} else if coloExitedOnError(ev) {
-				var err error
-				if broken, err = e.watchProtection(ctx, q, rec, broken, "QEMU left COLO: a checkpoint failed (COLO_EXIT)"); err != nil {
-					return err
-				}
+			} else if coloExitedOnError(ev) && exited == nil {
+				// Judged a look later: a QEMU that is being killed (libvirt's destroy sends
+				// SIGTERM first) leaves COLO with this error too, and its death, which lets the
+				// secondary take over, must come first. Only a QEMU that lives on is claimed for.
+				exited = time.After(e.watchEvery)
+			}
+			continue
+		case <-exited:
+			exited = nil
+			var err error
+			if broken, err = e.watchProtection(ctx, q, rec, broken, "QEMU left COLO: a checkpoint failed (COLO_EXIT)"); err != nil {
+				return err
 			}
 			continue
 		case <-e.kick:
