@@ -244,25 +244,9 @@ func (e *Engine) Streams() engine.StreamStats {
 // its QEMU ends it (it holds the record now); then every
 // Resync protects the VM with the agent's new secondary, and Unprotect lets it run on alone.
 func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
-	e.mu.Lock()
-	q, live, leftover := e.q, e.live, e.leftover
-	e.leftover = false
-	e.mu.Unlock()
-	if q == nil {
-		return errors.New("QEMU is not attached")
-	}
-	switch {
-	case !live:
-		if err := e.goLive(ctx, q, e.cfg.Primary); err != nil {
-			return err
-		}
-	case leftover:
-		// Only now, with the record won, may colo-compare release what it holds.
-		e.teardown(ctx, q)
-	default:
-		if err := q.Execute(ctx, "cont", nil, nil); err != nil {
-			return err
-		}
+	q, err := e.begin(ctx)
+	if err != nil {
+		return err
 	}
 	var retry <-chan time.Time
 	watch := time.NewTicker(e.watchEvery)
@@ -405,6 +389,31 @@ func (e *Engine) checkpointsStalled(now time.Time) string {
 
 // stallPeriods is how many checkpoint periods without one mean that COLO stopped.
 const stallPeriods = 10
+
+// begin makes the side run the VM (see Run) and returns its QEMU's monitor.
+func (e *Engine) begin(ctx context.Context) (*qmp.Conn, error) {
+	e.mu.Lock()
+	q, live, leftover := e.q, e.live, e.leftover
+	e.leftover = false
+	e.mu.Unlock()
+	if q == nil {
+		return nil, errors.New("QEMU is not attached")
+	}
+	switch {
+	case !live:
+		if err := e.goLive(ctx, q, e.cfg.Primary); err != nil {
+			return nil, err
+		}
+	case leftover:
+		// Only now, with the record won, may colo-compare release what it holds.
+		e.teardown(ctx, q)
+	default:
+		if err := q.Execute(ctx, "cont", nil, nil); err != nil {
+			return nil, err
+		}
+	}
+	return q, nil
+}
 
 func (e *Engine) logCheckpoint(ctx context.Context, rec engine.Recorder, cp Checkpoint) {
 	e.mu.Lock()
