@@ -254,6 +254,7 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 	broken := 0 // consecutive checks that found the protection broken
 	events := q.Events()
 	var exited <-chan time.Time // a COLO_EXIT on an error, to judge
+	var exitedFor string        // the secondary of the protection it came in
 	for {
 		select {
 		case <-ctx.Done():
@@ -276,12 +277,17 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 			} else if coloExitedOnError(ev) && exited == nil {
 				// Judged a look later: a QEMU that is being killed (libvirt's destroy sends
 				// SIGTERM first) leaves COLO with this error too, and its death, which lets the
-				// secondary take over, must come first. Only a QEMU that lives on is claimed for.
-				exited = time.After(e.watchEvery)
+				// secondary take over, must come first. Only a QEMU that lives on is claimed for,
+				// and only for the protection the event came in: by then the engine may protect
+				// the next secondary.
+				exitedFor, exited = e.currentProtection(), time.After(e.watchEvery)
 			}
 			continue
 		case <-exited:
 			exited = nil
+			if exitedFor == "" || e.currentProtection() != exitedFor {
+				continue
+			}
 			var err error
 			if broken, err = e.watchProtection(ctx, q, rec, broken, "QEMU left COLO: a checkpoint failed (COLO_EXIT)"); err != nil {
 				return err
@@ -389,6 +395,16 @@ func (e *Engine) checkpointsStalled(now time.Time) string {
 
 // stallPeriods is how many checkpoint periods without one mean that COLO stopped.
 const stallPeriods = 10
+
+// currentProtection is the secondary of the established protection, or "".
+func (e *Engine) currentProtection() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.protected {
+		return ""
+	}
+	return e.protectedPeer
+}
 
 // begin makes the side run the VM (see Run) and returns its QEMU's monitor.
 func (e *Engine) begin(ctx context.Context) (*qmp.Conn, error) {
