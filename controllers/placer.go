@@ -323,10 +323,10 @@ func (p *Placer) nodeLease(ctx context.Context, node string) *coordinationv1.Lea
 		log.FromContext(ctx).V(1).Info("reading a node lease", "node", node, "err", err.Error())
 		return nil
 	}
-	lease, _ := item.(*coordinationv1.Lease)
 	if !exists {
 		return nil
 	}
+	lease, _ := item.(*coordinationv1.Lease)
 	return lease
 }
 

@@ -57,11 +57,12 @@ type clientLister struct {
 // GetByKey gets the object of the list's kind at "namespace/name".
 func (l clientLister) GetByKey(key string) (any, bool, error) {
 	ns, name, _ := strings.Cut(key, "/")
-	gvk, err := apiutil.GVKForObject(l.list, NewScheme())
+	scheme := NewScheme()
+	gvk, err := apiutil.GVKForObject(l.list, scheme)
 	if err != nil {
 		return nil, false, err
 	}
-	o, err := NewScheme().New(gvk.GroupVersion().WithKind(strings.TrimSuffix(gvk.Kind, "List")))
+	o, err := scheme.New(gvk.GroupVersion().WithKind(strings.TrimSuffix(gvk.Kind, "List")))
 	if err != nil {
 		return nil, false, err
 	}

@@ -5,8 +5,6 @@ package vmtier
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -52,9 +50,12 @@ func TestColoASecondaryOnAnEarlierSecondarysCopiesCatchesUp(t *testing.T) {
 	killed := time.Now()
 	p.killQEMU()
 	failedOver(t, c, cl, p, s2, killed, "kill -9 of the primary QEMU")
-	if out := readOn(t, c, s2, 1, fmt.Sprintf("read -P %#x %d %d", pattern, aloneAt, aloneLen)); strings.Contains(out, "Pattern verification failed") {
-		t.Fatalf("the data disk on %s lacks what was written while the primary ran alone:\n%s", s2.name, out)
-	}
+	c.readDisks(t, s2, func(read func(i int, command string) string) {
+		// A pattern that differs fails qemu-io, and the test with it.
+		if out := read(1, fmt.Sprintf("read -P %#x %d %d", pattern, aloneAt, aloneLen)); strings.Contains(out, "Pattern verification failed") {
+			t.Fatalf("the data disk on %s lacks what was written while the primary ran alone:\n%s", s2.name, out)
+		}
+	})
 }
 
 // ioOn runs a qemu-io command on member m's data disk (colo.DiskNode(1)) through its QEMU's block
@@ -70,25 +71,4 @@ func ioOn(t testing.TB, m *member, command string) {
 	if strings.Contains(out, "error") || strings.Contains(out, "failed") {
 		t.Fatalf("qemu-io %q on %s: %s", command, m.name, out)
 	}
-}
-
-// readOn runs a read-only qemu-io command on member m's i-th disk as its QEMU's block layer has
-// it, exported over NBD (as checkDisk does), and returns what qemu-io said.
-func readOn(t *testing.T, c *cluster, m *member, i int, command string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sock := filepath.Join(m.dir, "read.sock")
-	if err := m.launcher.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": sock}}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.launcher.Execute(ctx, "nbd-server-stop", nil, nil) }()
-	if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": colo.DiskNode(i), "name": "read", "writable": false}, nil); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.CommandContext(ctx, filepath.Join(c.qemu, "bin", "qemu-io"), "-r", "-f", "raw", "nbd+unix:///read?socket="+sock, "-c", command).CombinedOutput()
-	if err != nil {
-		t.Fatalf("qemu-io: %v\n%s", err, out)
-	}
-	return string(out)
 }

@@ -686,40 +686,58 @@ var sector = regexp.MustCompile(`count=(\d+)`)
 func (cl *client) checkDisk(m *member) {
 	t := cl.c.t
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cl.c.readDisks(t, m, func(read func(i int, command string) string) {
+		for i, d := range m.disks(cl.c) {
+			offset := 0 // the busybox guest's counter is sector 0 of each disk; the Debian guest's, of a partition of its root disk
+			if cl.c.debian != nil && i == 0 {
+				offset = debianCounterOffset
+			}
+			out := read(i, fmt.Sprintf("read -v %d 16", offset))
+			// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
+			var ascii strings.Builder
+			for _, line := range strings.Split(out, "\n") {
+				if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, fmt.Sprintf("%08x", offset)) {
+					ascii.WriteString(line[i+2:])
+				}
+			}
+			got := sector.FindStringSubmatch(strings.Replace(ascii.String(), "count.", "count=", 1))
+			if got == nil || got[1] != fmt.Sprint(cl.last) {
+				t.Fatalf("the %s's counter on %s reads %q, want count=%d", d.name, m.name, out, cl.last)
+			}
+			t.Logf("the %s on %s holds count=%s", d.name, m.name, got[1])
+		}
+	})
+}
+
+// readDisks exports member m's disks read-only over NBD, as its QEMU's block layer has them (not
+// the guest's page cache), while fn runs: fn's read runs a qemu-io command on the i-th disk and
+// returns what qemu-io said (a failed command fails the test).
+func (c *cluster) readDisks(t testing.TB, m *member, fn func(read func(i int, command string) string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sock := filepath.Join(m.dir, "check.sock")
 	if err := m.launcher.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": sock}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = m.launcher.Execute(ctx, "nbd-server-stop", nil, nil) }()
-	for i, d := range m.disks(cl.c) {
-		offset := 0 // the busybox guest's counter is sector 0 of each disk; the Debian guest's, of a partition of its root disk
-		if cl.c.debian != nil && i == 0 {
-			offset = debianCounterOffset
-		}
+	exported := map[int]bool{}
+	fn(func(i int, command string) string {
+		t.Helper()
 		name := fmt.Sprintf("check%d", i)
-		if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": colo.DiskNode(i), "name": name, "writable": false}, nil); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.CommandContext(ctx, filepath.Join(cl.c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
-			"nbd+unix:///"+name+"?socket="+sock, "-c", fmt.Sprintf("read -v %d 16", offset)).CombinedOutput()
-		if err != nil {
-			t.Fatalf("qemu-io: %v\n%s", err, out)
-		}
-		// "00000000:  63 6f 75 6e 74 3d 31 32 0a 00 ...  count.12........"
-		var ascii strings.Builder
-		for _, line := range strings.Split(string(out), "\n") {
-			if i := strings.LastIndex(line, "  "); i > 0 && strings.HasPrefix(line, fmt.Sprintf("%08x", offset)) {
-				ascii.WriteString(line[i+2:])
+		if !exported[i] {
+			if err := m.launcher.Execute(ctx, "nbd-server-add", map[string]any{"device": colo.DiskNode(i), "name": name, "writable": false}, nil); err != nil {
+				t.Fatal(err)
 			}
+			exported[i] = true
 		}
-		got := sector.FindStringSubmatch(strings.Replace(ascii.String(), "count.", "count=", 1))
-		if got == nil || got[1] != fmt.Sprint(cl.last) {
-			t.Fatalf("the %s's counter on %s reads %q, want count=%d", d.name, m.name, out, cl.last)
+		out, err := exec.CommandContext(ctx, filepath.Join(c.qemu, "bin", "qemu-io"), "-r", "-f", "raw",
+			"nbd+unix:///"+name+"?socket="+sock, "-c", command).CombinedOutput()
+		if err != nil {
+			t.Fatalf("qemu-io %q on %s: %v\n%s", command, m.name, err, out)
 		}
-		t.Logf("the %s on %s holds count=%s", d.name, m.name, got[1])
-	}
+		return string(out)
+	})
 }
 
 // qemuImg runs qemu-img (to make the members' disk images).
