@@ -27,7 +27,7 @@ func TestUnderCOLOABlockModeClaimIsRefusedWhenItAppears(t *testing.T) {
 	for _, colo := range []bool{true, false} {
 		c := fake.NewClientBuilder().WithScheme(NewScheme()).WithObjects(pvc).Build()
 		r := &FaultTolerantVMReconciler{Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: colo}}}}
-		disks, err := r.ensureMemberClaims(context.Background(), ftvm, spec, "vm-1", 1, ftv1.RolePrimary, nil)
+		disks, err := r.ensureMemberClaims(context.Background(), ftvm, spec, "vm-1", member.Member{Ordinal: 1, Role: ftv1.RolePrimary}, nil)
 		claims := disks.claims
 		if !colo {
 			if err != nil || claims["root"] != "raw" {

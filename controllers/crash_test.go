@@ -94,7 +94,7 @@ func (c *crashSwitch) recorded() []string {
 }
 
 // start starts an operator whose client goes through the switch.
-func (c *crashSwitch) start() *operatorProcess {
+func (c *crashSwitch) start(configure ...func(*controllers.Config)) *operatorProcess {
 	return startOperatorWith(func(config *rest.Config, options client.Options) (client.Client, error) {
 		inner, err := client.NewWithWatch(config, options)
 		if err != nil {
@@ -120,7 +120,7 @@ func (c *crashSwitch) start() *operatorProcess {
 				return c.write(obj, "update", sub, func() error { return cl.SubResource(sub).Update(ctx, obj, opts...) })
 			},
 		}), nil
-	})
+	}, configure...)
 }
 
 // status names a status write in a table row.
@@ -135,6 +135,8 @@ type crashPath struct {
 	// check waits for the end state of the path, after however many crashes.
 	check func(ns string, before pairBefore)
 	rows  []string
+	// configure, when set, configures every operator of the path (as its flags would).
+	configure func(*controllers.Config)
 }
 
 // pairBefore is the pair before the path.
@@ -148,10 +150,14 @@ func runCrashPath(path crashPath) {
 	operator.stop()
 	DeferCleanup(func() { operator = startOperator() })
 
+	var configure []func(*controllers.Config)
+	if path.configure != nil {
+		configure = append(configure, path.configure)
+	}
 	run := func(crashAfter int) []string {
 		ns := newNamespace()
 		sw := newCrashSwitch(ns, 0)
-		op := sw.start()
+		op := sw.start(configure...)
 		before := path.setup(ns)
 		// Quiet: nothing left to write before the path starts.
 		Eventually(func() bool {
@@ -167,7 +173,7 @@ func runCrashPath(path crashPath) {
 		if crashAfter > 0 {
 			Eventually(sw.crashed, timeout).Should(BeClosed(), "the path made only these writes: %v", sw.recorded())
 			op.stop()
-			op = startOperator() // a new process: an empty cache, nothing remembered
+			op = startOperatorWith(nil, configure...) // a new process: an empty cache, nothing remembered
 		}
 		path.check(ns, before)
 		writes := sw.recorded()

@@ -99,12 +99,14 @@ type memberDisks struct {
 	bytes  member.DiskBytes
 }
 
-// ensureMemberClaims gives a new member its disks. A primary uses the VM's current disks; a
-// secondary gets blank copies, each large enough for the disk of bytes it will hold. bytes is the
-// member's DiskBytes, which the caller decided (a secondary's: its primary's; a primary's: those
-// of the copies it starts from, currentDiskBytes; nil without COLO), and comes back unchanged.
+// ensureMemberClaims gives a new member m its disks. A primary uses the VM's current disks; a
+// secondary takes over reuse's copies when given (replicas.go), else gets blank copies, each
+// large enough for the disk of bytes it will hold. m.DiskBytes, which the caller decided (a
+// secondary's: its primary's; a primary's: those of the copies it starts from,
+// currentDiskBytes; nil without COLO), comes back unchanged.
 func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, spec *virtv1.VirtualMachineInstanceSpec,
-	memberName string, ordinal int, role string, bytes member.DiskBytes) (memberDisks, error) {
+	memberName string, m member.Member, reuse *replicaSet) (memberDisks, error) {
+	ordinal, role, bytes := m.Ordinal, m.Role, m.DiskBytes
 	out := memberDisks{claims: map[string]string{}, sizes: map[string]resource.Quantity{}, bytes: bytes}
 	volumes := pvcVolumes(spec)
 	if len(volumes) == 0 {
@@ -115,7 +117,13 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 		return out, err
 	}
 
-	for volume, userClaim := range volumes {
+	names := make([]string, 0, len(volumes))
+	for volume := range volumes {
+		names = append(names, volume)
+	}
+	sort.Strings(names) // one order of writes
+	for _, volume := range names {
+		userClaim := volumes[volume]
 		var source corev1.PersistentVolumeClaim
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, &source); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -136,6 +144,14 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 			}
 			continue
 		}
+		if reuse != nil {
+			c := reuse.copies[volume]
+			if err := r.handOver(ctx, c, memberName, m.Node, ordinal); err != nil {
+				return out, fmt.Errorf("handing the copy %s of %s to %s: %w", c.Name, reuse.of, memberName, err)
+			}
+			out.claims[volume] = c.Name
+			continue
+		}
 		name := copyName(memberName, volume)
 		pvc := &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{
@@ -143,7 +159,7 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 				Namespace: ftvm.Namespace,
 				Labels: map[string]string{
 					ftv1.LabelPair: ftvm.Name, ftv1.LabelMember: memberName, labelVolume: volume,
-					ftv1.LabelManagedBy: ftv1.ManagedByValue,
+					ftv1.LabelManagedBy: ftv1.ManagedByValue, ftv1.LabelNode: m.Node,
 				},
 				Annotations: map[string]string{ftv1.AnnotationSourceClaim: userClaim, ftv1.AnnotationOrdinal: strconv.Itoa(ordinal)},
 			},
@@ -153,6 +169,9 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 				VolumeMode:       source.Spec.VolumeMode,
 				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: capacityOf(&source)}},
 			},
+		}
+		if m.Follows != "" {
+			pvc.Annotations[ftv1.AnnotationFollows] = m.Follows
 		}
 		if n, ok := bytes[volume]; ok {
 			// The copy holds a disk of n bytes: its claim asks for that and its filesystem's

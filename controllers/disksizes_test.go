@@ -50,7 +50,7 @@ func TestUnderCOLOSecondariesAreSizedFromTheirPrimary(t *testing.T) {
 	r := &FaultTolerantVMReconciler{Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: true}}}}
 	build := func(name string, ordinal int, role string, bytes member.DiskBytes) *virtv1.VirtualMachineInstance {
 		t.Helper()
-		disks, err := r.ensureMemberClaims(ctx, ftvm, &tmpl.Spec, name, ordinal, role, bytes)
+		disks, err := r.ensureMemberClaims(ctx, ftvm, &tmpl.Spec, name, member.Member{Ordinal: ordinal, Role: role, Node: "node-" + name, DiskBytes: bytes}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,6 +131,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseLoggingNetwork,
 		r.phaseDecide,
 		r.phaseMarkSynced,
+		r.phaseRecordReplicas,
 		r.phaseLauncherRoles,
 		r.phaseStartPair,
 		r.phaseProtection,

@@ -91,6 +91,11 @@ func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s 
 // recordPlacementError keeps a placement failure for the status and retries later; other errors
 // are returned.
 func (r *FaultTolerantVMReconciler) recordPlacementError(s *scope, into *error, err error) error {
+	if errors.Is(err, errWaitingForCopies) {
+		*into = err
+		s.requeueWithin(copiesRecheck) // and the VMI's deletion wakes the reconcile
+		return nil
+	}
 	if errors.Is(err, placement.ErrNoEligibleNode) || errors.Is(err, errSourceClaim) || errors.Is(err, errDiskSizesUnknown) ||
 		errors.Is(err, member.ErrDiskSizeUnsupported) {
 		*into = err
@@ -106,7 +111,9 @@ type newMember struct {
 	tmpl ftv1.VMITemplate
 	spec member.Member
 	req  placement.Request
-	vmi  *virtv1.VirtualMachineInstance // set once created
+	// reuse, on a secondary, is the copies it takes over if it is placed on their node.
+	reuse *replicaSet
+	vmi   *virtv1.VirtualMachineInstance // set once created
 }
 
 func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplate, role string, ordinal int) *newMember {
@@ -131,7 +138,13 @@ func (nm *newMember) key(s *scope) types.NamespacedName {
 // create creates the member (and its disk copies) on node; the Placer calls it.
 func (r *FaultTolerantVMReconciler) create(ctx context.Context, s *scope, nm *newMember, node string) error {
 	nm.spec.Node = node
-	disks, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec.Ordinal, nm.spec.Role, nm.spec.DiskBytes)
+	if nm.reuse != nil && nm.reuse.node != node {
+		nm.reuse = nil // placed elsewhere: blank copies
+	}
+	if nm.reuse != nil {
+		nm.spec.ReplicaOf = nm.reuse.of
+	}
+	disks, err := r.ensureMemberClaims(ctx, s.ftvm, &nm.tmpl.Spec, nm.name, nm.spec, nm.reuse)
 	if err != nil {
 		return err
 	}
@@ -274,6 +287,14 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		if avoid != "" {
 			nm.req.SuspectNodes = append(nm.req.SuspectNodes, avoid)
 		}
+	} else {
+		set, ok, err := r.replicasFor(ctx, s, pvcVolumes(&tmpl.Spec), bytes)
+		if err != nil {
+			return nil, err // errWaitingForCopies among them
+		}
+		if ok {
+			nm.reuse, nm.req.PreferNode = &set, set.node
+		}
 	}
 	if key := s.ftvm.Spec.TopologyKey; key != "" {
 		var pn corev1.Node
@@ -302,7 +323,11 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		return nil, err
 	}
 	mv := r.created(ctx, s, nm)
-	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s %s placed on node %s", nm.spec.Role, nm.name, nm.spec.Node)
+	note := ""
+	if nm.spec.ReplicaOf != "" {
+		note = fmt.Sprintf(", with the copies of the disks that %s left: only what the VM wrote since is copied", nm.spec.ReplicaOf)
+	}
+	r.Recorder.Eventf(s.ftvm, nm.vmi, corev1.EventTypeNormal, ftv1.ReasonMemberCreated, "Create", "%s %s placed on node %s%s", nm.spec.Role, nm.name, nm.spec.Node, note)
 	return mv, nil
 }
 

@@ -151,6 +151,8 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 			return protectionOffCondition(s)
 		case startErr != nil && errors.Is(startErr, placement.ErrNoEligibleNode):
 			return false, ftv1.ReasonNoEligibleNode, fmt.Sprintf("no node can take the %s: %v", role, startErr)
+		case errors.Is(startErr, errWaitingForCopies):
+			return false, ftv1.ReasonWaitingForCopies, startErr.Error()
 		case errors.Is(startErr, errDiskSizesUnknown):
 			return false, ftv1.ReasonWaitingForDiskSizes, startErr.Error()
 		case errors.Is(startErr, member.ErrDiskSizeUnsupported):

@@ -147,6 +147,11 @@ const (
 	// secondary is created then. It lasts seconds, unless lockstepd there does not run or cannot
 	// reach the primary's QEMU, or the sizes miss a disk (the message says which).
 	ReasonWaitingForDiskSizes = "WaitingForDiskSizes"
+	// ReasonWaitingForCopies: under COLO, the secondary that was just dropped left copies of the
+	// disks that hold its replicas of the primary's; the next secondary waits for its VMI to go
+	// (a minute at most, and not for a lost node) so that it can take them over on their node
+	// and be sent only what the VM wrote since, not the whole disks.
+	ReasonWaitingForCopies = "WaitingForCopies"
 	// ReasonDiskSizeUnsupported: a disk of the VM is a size that COLO's secondary cannot be given
 	// (KubeVirt makes the secondary's overlays in whole MiB): resize the disk to a multiple of 1 MiB.
 	ReasonDiskSizeUnsupported = "DiskSizeUnsupported"
@@ -392,6 +397,11 @@ type FaultTolerantVMStatus struct {
 	// +optional
 	Resync *ResyncStatus `json:"resync,omitempty"`
 
+	// lastResync is the last copy of the primary's disks into a secondary that completed, as the
+	// primary's lockstepd reports it; absent before the primary's first.
+	// +optional
+	LastResync *LastResyncStatus `json:"lastResync,omitempty"`
+
 	// reservedLogBandwidthMbps is the logging bandwidth that placement reserved for this VM on
 	// each member's node, in Mbit/s.
 	// +optional
@@ -440,6 +450,27 @@ type ResyncStatus struct {
 	// estimatedCompletionTime is when the copy will have caught up at that rate.
 	// +optional
 	EstimatedCompletionTime *metav1.Time `json:"estimatedCompletionTime,omitempty"`
+}
+
+// LastResyncStatus is a completed copy of the primary's disks into a secondary.
+type LastResyncStatus struct {
+	// secondary is the member the disks were copied into.
+	Secondary string `json:"secondary"`
+
+	// incremental says that only what the VM wrote since was copied: the secondary took over the
+	// copies of an earlier secondary of the same primary (annotation ft.lockstep.dev/replica-of),
+	// whose replicas they held. Otherwise the whole disks were copied.
+	Incremental bool `json:"incremental"`
+
+	// copiedBytes is what was copied, of all the replicated disks together.
+	// +kubebuilder:validation:Minimum=0
+	CopiedBytes int64 `json:"copiedBytes"`
+
+	// duration is how long the copy took, the VM's last stop for it included.
+	Duration metav1.Duration `json:"duration"`
+
+	// completionTime is when it completed.
+	CompletionTime metav1.Time `json:"completionTime"`
 }
 
 // CheckpointStatus is what the COLO engine's checkpoints cost the VM. A checkpoint is due every

@@ -7,7 +7,8 @@ const (
 	LabelPair = "ft.lockstep.dev/pair"
 	// LabelRole is "primary" or "secondary".
 	LabelRole = "ft.lockstep.dev/role"
-	// LabelNode is the node that placement chose for the member.
+	// LabelNode is the node that placement chose for the member (on a copy of a disk: for the
+	// member that uses it).
 	LabelNode = "ft.lockstep.dev/node"
 	// LabelMember, on a claim the operator created, names the member VMI that uses it.
 	LabelMember = "ft.lockstep.dev/member"
@@ -42,7 +43,7 @@ const (
 	// primary.
 	AnnotationEpoch = "ft.lockstep.dev/epoch"
 	// AnnotationFollows, on a secondary, names the primary it was started beside: only that
-	// primary's state can be in it.
+	// primary's state can be in it (on a secondary's copy of a disk: only that primary's disk).
 	AnnotationFollows = "ft.lockstep.dev/follows"
 	// AnnotationFencedReason and AnnotationFencedMessage, on a member labelled fenced, say why.
 	AnnotationFencedReason  = "ft.lockstep.dev/fenced-reason"
@@ -50,6 +51,14 @@ const (
 	// AnnotationSourceClaim, on a claim the operator created for a member's copy of a disk, names
 	// the user's claim it copies.
 	AnnotationSourceClaim = "ft.lockstep.dev/source-claim"
+	// AnnotationReplicaOf says whose replicas of the primary's disks a COLO secondary's copies
+	// hold, so that a later secondary of the same primary can take them over and be sent only
+	// what the VM wrote since (an incremental resync). On a copy, it names the secondary that
+	// lockstepd marked synchronized with it; on a new secondary VMI that took over copies, it
+	// names that earlier secondary, and the primary's lockstepd passes it to its engine, which
+	// copies only the difference when its record of what the VM wrote counts from that
+	// secondary, and the whole disks otherwise.
+	AnnotationReplicaOf = "ft.lockstep.dev/replica-of"
 	// AnnotationSupersededBy, on a claim the template names, is set once a failover made a copy
 	// of it the VM's disk: it names that copy, the claim that holds the VM's current disk (this
 	// one holds an older state).

@@ -48,8 +48,10 @@ type Status struct {
 	CheckpointCausesKnown                                              bool
 	CheckpointsOnMismatch, CheckpointsOnTimeout, CheckpointsOnUnparsed uint64
 	UnparsedHeld                                                       uint64
-	// Resync is the engine's copy of the disks into a new secondary, while it runs.
-	Resync engine.Resync
+	// Resync is the engine's copy of the disks into a new secondary, while it runs; LastResync
+	// the last one that completed.
+	Resync     engine.Resync
+	LastResync engine.ResyncDone
 	// DiskBytes are the sizes of the VM's replicated disks, in the member's order of them, on a
 	// side that runs the VM and whose engine measures them (engine.StreamStats).
 	DiskBytes []int64
@@ -99,7 +101,7 @@ func (a *Agent) Status() Status {
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
 		st.CheckpointsOnUnparsed, st.UnparsedHeld = streams.OnUnparsed, streams.UnparsedHeld
-		st.Resync, st.DiskBytes = streams.Resync, streams.DiskBytes
+		st.Resync, st.LastResync, st.DiskBytes = streams.Resync, streams.LastResync, streams.DiskBytes
 		if streams.ProtectError != "" && st.Message == "" {
 			st.Message = "protecting the VM with its secondary failed (retried): " + streams.ProtectError
 		}

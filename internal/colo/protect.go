@@ -199,7 +199,7 @@ func (e *Engine) syncReplicas(ctx context.Context, q *qmp.Conn, peer engine.Peer
 	}
 	e.mu.Lock()
 	e.tracked = tracked
-	e.lastResync = engine.ResyncDone{Member: peer.Member, Incremental: incremental, Bytes: copied, Took: time.Since(started)}
+	e.lastResync = engine.ResyncDone{Member: peer.Member, Incremental: incremental, Bytes: copied, Took: time.Since(started), At: time.Now()}
 	e.mu.Unlock()
 	e.cfg.Log.Info("resynced the secondary's disks", "member", peer.Member, "incremental", incremental, "bytes", copied, "took", time.Since(started).Round(time.Millisecond))
 	return nil

@@ -163,6 +163,7 @@ type ResyncDone struct {
 	Incremental bool
 	Bytes       uint64
 	Took        time.Duration
+	At          time.Time // when it completed
 }
 
 // ErrLost is what an Arbiter returns when the other side holds a newer epoch: this side must

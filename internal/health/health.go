@@ -113,6 +113,11 @@ func kubevirtSays(vmi *virtv1.VirtualMachineInstance) string {
 	return ""
 }
 
+// NodeWell says whether a node exists and is Ready, with no sign of being down.
+func NodeWell(node *corev1.Node, now time.Time, grace time.Duration) bool {
+	return node != nil && judgeNode(node, now, grace).State == Running
+}
+
 // judgeNode says whether a node is Ready, suspect (down for less than grace), or lost.
 func judgeNode(node *corev1.Node, now time.Time, grace time.Duration) Verdict {
 	var since time.Time

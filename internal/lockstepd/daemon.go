@@ -356,6 +356,11 @@ func (d *Daemon) peerOf(ctx context.Context, self *virtv1.VirtualMachineInstance
 			continue
 		}
 		p := agent.Peer{VMI: v.Name, Node: v.Status.NodeName}
+		if runsVM {
+			// The secondary's copies may hold an earlier secondary's replicas (the operator
+			// handed them over): the engine then copies only what the VM wrote since.
+			p.ReplicaOf = v.Annotations[ftv1.AnnotationReplicaOf]
+		}
 		node := &corev1.Node{}
 		if err := d.Client.Get(ctx, types.NamespacedName{Name: p.Node}, node); err != nil {
 			return p, true, client.IgnoreNotFound(err)
@@ -447,6 +452,7 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 			status["vLockstepInterval"] = metav1.Duration{Duration: st.Interval}
 		}
 		status["resync"] = resyncStatus(st.Resync, now)
+		status["lastResync"] = lastResyncStatus(st.LastResync)
 		var fields map[string]any
 		fields, m.rates = logRates(m.rates, st, now, d.Config.StatusInterval)
 		for k, v := range fields {
@@ -497,6 +503,15 @@ func resyncStatus(r engine.Resync, now time.Time) *ftv1.ResyncStatus {
 		rs.EstimatedCompletionTime = &metav1.Time{Time: now.Add(left).Truncate(time.Second)}
 	}
 	return rs
+}
+
+// lastResyncStatus is the status of the engine's last completed resync (nil before its first).
+func lastResyncStatus(r engine.ResyncDone) *ftv1.LastResyncStatus {
+	if r.Member == "" {
+		return nil
+	}
+	return &ftv1.LastResyncStatus{Secondary: r.Member, Incremental: r.Incremental, CopiedBytes: int64(r.Bytes),
+		Duration: metav1.Duration{Duration: r.Took.Round(time.Millisecond)}, CompletionTime: metav1.NewTime(r.At.Truncate(time.Second))}
 }
 
 // rateWindow is where a side's reported rates are measured from: its status at the window's

@@ -120,3 +120,17 @@ func TestResyncStatus(t *testing.T) {
 		t.Errorf("just started: %+v, want no rate yet", rs)
 	}
 }
+
+// TestLastResyncStatus: none before the first (the merge patch removes an old one); then the
+// secondary, whether it was incremental, the bytes and how long it took.
+func TestLastResyncStatus(t *testing.T) {
+	if b, _ := json.Marshal(map[string]any{"lastResync": lastResyncStatus(engine.ResyncDone{})}); string(b) != `{"lastResync":null}` {
+		t.Fatalf("no resync yet patches %s, want null", b)
+	}
+	at := time.Date(2026, 11, 26, 7, 0, 0, 400_000_000, time.UTC)
+	got := lastResyncStatus(engine.ResyncDone{Member: "vm-3", Incremental: true, Bytes: 1 << 20, Took: 1234567 * time.Microsecond, At: at})
+	if got.Secondary != "vm-3" || !got.Incremental || got.CopiedBytes != 1<<20 || got.Duration.Duration != 1235*time.Millisecond ||
+		!got.CompletionTime.Time.Equal(at.Truncate(time.Second)) {
+		t.Fatalf("got %+v", got)
+	}
+}

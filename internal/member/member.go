@@ -57,6 +57,9 @@ type Member struct {
 	Epoch int64
 	// Follows, on a secondary, is the primary it is started beside.
 	Follows string
+	// ReplicaOf, on a secondary that took over an earlier secondary's copies of the disks, names
+	// that secondary (ftv1.AnnotationReplicaOf).
+	ReplicaOf string
 }
 
 // Name is the VMI name of a pair's member with the given ordinal.
@@ -172,6 +175,9 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	}
 	if m.Follows != "" {
 		vmi.Annotations[ftv1.AnnotationFollows] = m.Follows
+	}
+	if m.ReplicaOf != "" {
+		vmi.Annotations[ftv1.AnnotationReplicaOf] = m.ReplicaOf
 	}
 	if opts.COLO.Enabled {
 		if err := applyCOLO(vmi, m, opts.COLO); err != nil {

@@ -82,6 +82,9 @@ type Request struct {
 	SuspectNodes []string
 	// Node, when set, is the only node the member may use (a migration to a chosen node).
 	Node string
+	// PreferNode, when set, is the node to use when it fits, before any other: the node where a
+	// new secondary can take over an earlier secondary's copies of the disks.
+	PreferNode string
 }
 
 // Reasons a node is rejected, as they appear in Decision.Rejected.
@@ -231,7 +234,8 @@ func directional(u Usage, role Role) int {
 	return u.RecvMbps
 }
 
-// Place picks the node for a member: among the nodes that fit, the one whose logging traffic in
+// Place picks the node for a member: among the nodes that fit, the preferred one, then the one
+// holding the pair's reservation, then the one whose logging traffic in
 // the member's direction is lowest, then the one with the fewest members, then the fewest FT
 // vCPUs, then by name, so that the answer is deterministic.
 func Place(nodes []Node, req Request) (string, error) {
@@ -246,7 +250,7 @@ func Place(nodes []Node, req Request) (string, error) {
 func rank(nodes []Node, req Request) ([]string, error) {
 	type candidate struct {
 		name string
-		key  [4]int
+		key  [5]int
 	}
 	rejected := map[string]string{}
 	var fit []candidate
@@ -260,7 +264,11 @@ func rank(nodes []Node, req Request) ([]string, error) {
 		if reservedFor(n, req.Pair) {
 			own = 0 // the pair's own reservation first
 		}
-		fit = append(fit, candidate{n.Name, [4]int{own, directional(u, req.Role), u.Members, u.VCPUs}})
+		preferred := 1
+		if n.Name == req.PreferNode {
+			preferred = 0
+		}
+		fit = append(fit, candidate{n.Name, [5]int{preferred, own, directional(u, req.Role), u.Members, u.VCPUs}})
 	}
 	if len(fit) == 0 {
 		return nil, &NoEligibleNodeError{Rejected: rejected}
@@ -327,7 +335,7 @@ func PlacePair(nodes []Node, primary, secondary Request, separateDomains bool) (
 	return PairPlacement{Primary: candidates[0], SecondaryErr: firstErr}, nil
 }
 
-func less(a, b [4]int) bool {
+func less(a, b [5]int) bool {
 	for i := range a {
 		if a[i] != b[i] {
 			return a[i] < b[i]

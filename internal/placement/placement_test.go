@@ -511,6 +511,26 @@ func TestPlaceOnTheNodeAskedFor(t *testing.T) {
 	}
 }
 
+// A preferred node is taken when it fits, whatever the balance says; when it does not fit, the
+// member goes where it would have gone without the preference.
+func TestPlaceOnThePreferredNodeWhenItFits(t *testing.T) {
+	busy := Node{Name: "a", Limits: defaultLimits, Members: []Member{{Pair: "y", Role: Secondary, VCPUs: 1, LogBandwidthMbps: 100}}}
+	nodes := []Node{busy, {Name: "b", Limits: defaultLimits}, {Name: "c", Limits: defaultLimits}}
+	if got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, PreferNode: "a"}); err != nil || got != "a" {
+		t.Fatalf("got %q, %v; want the preferred a", got, err)
+	}
+	if got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1}); err != nil || got != "b" {
+		t.Fatalf("without a preference: got %q, %v; want b", got, err)
+	}
+	full := Node{Name: "a", Limits: Limits{MaxMembers: 1, MaxVCPUs: 8}, Members: busy.Members}
+	if got, err := Place([]Node{full, nodes[1], nodes[2]}, Request{Pair: "x", Role: Secondary, VCPUs: 1, PreferNode: "a"}); err != nil || got != "b" {
+		t.Fatalf("a full preferred node: got %q, %v; want b", got, err)
+	}
+	if got, err := Place(nodes, Request{Pair: "x", Role: Secondary, VCPUs: 1, PreferNode: "a", AvoidNodes: []string{"a"}}); err != nil || got != "b" {
+		t.Fatalf("a preferred node to avoid: got %q, %v; want b", got, err)
+	}
+}
+
 // A primary whose protection is Disabled holds no slot for a secondary it will not have.
 func TestNoSlotHeldForADisabledPairsSecondary(t *testing.T) {
 	nodes := []Node{

@@ -306,6 +306,18 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		figures.Add("protection Suspended → Enabled: Protected again", time.Since(asked))
 		Expect(again.Status.Primary.UID).To(Equal(p.UID))
 		Expect(again.Status.Secondary.Node).To(Equal(s.Node), "the reserved node")
+		// The new secondary took over the suspended one's copies on that node: the primary's
+		// engine copied only what the VM wrote while it ran alone.
+		Expect(again.Status.Secondary.VMI).NotTo(Equal(s.VMI))
+		last := waitFor("the primary's lockstepd reports the resync", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+			return f.Status.LastResync != nil && f.Status.LastResync.Secondary == again.Status.Secondary.VMI
+		}).Status.LastResync
+		Expect(last.Incremental).To(BeTrue(), "the resync of %s after the suspension", last.Secondary)
+		if whole := f.Status.LastResync; whole != nil && !whole.Incremental {
+			Expect(last.CopiedBytes).To(BeNumerically("<", whole.CopiedBytes))
+			fmt.Printf("resync of the disks: whole %d bytes in %s (%s); incremental %d bytes in %s (%s)\n",
+				whole.CopiedBytes, whole.Duration.Duration, whole.Secondary, last.CopiedBytes, last.Duration.Duration, last.Secondary)
+		}
 		expectServing(cl)
 	})
 

@@ -1,0 +1,205 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/member"
+)
+
+// Replicas. Under COLO, a secondary's copies of the disks hold its replicas of the primary's
+// disks once lockstepd marked it synchronized: every block the primary writes reaches them
+// through block replication, while the secondary's own writes go to its overlays, which die with
+// it. A secondary lost without going live leaves them the primary's disks as of when it was
+// dropped. A later secondary of the same primary, on the same node, takes them over, and the
+// primary's engine copies only what its VM wrote since (its dirty bitmaps), not the whole disks.
+//
+// Each fact has one writer, the operator:
+//   - a copy's AnnotationReplicaOf names the secondary that was marked synchronized with it
+//     (phaseRecordReplicas);
+//   - a copy's LabelMember, LabelNode and ordinal name the member that uses it; a hand-over moves
+//     them to the new secondary, one patch a copy, before that secondary is created (handOver);
+//   - the new secondary's AnnotationReplicaOf, from its copies, when it is created.
+//
+// Copies are handed on only by the member that was synchronized with them (LabelMember equals
+// AnnotationReplicaOf). So copies handed to a secondary that never synchronized (one that could
+// not reach its primary) are not put back on that node again and again, and copies that a crash
+// left half handed over are not used. The engine decides in the end: it copies only the
+// difference when its bitmaps count from the secondary named, and the whole disks otherwise.
+// A copy that a member that ever went live used is never handed over: it follows another
+// primary, or is marked as a primary's disk.
+
+// replicaSet is the copies of every volume that one earlier secondary left.
+type replicaSet struct {
+	of     string                                   // the secondary whose replicas they hold
+	node   string                                   // where they were used
+	copies map[string]*corev1.PersistentVolumeClaim // volume -> copy
+}
+
+// reusableReplicas finds the copies a new secondary of primary can take over: for every one of
+// volumes, the copy of one member that no longer exists (present lists those that do, being
+// deleted or not) and that was synchronized with them, made for a secondary of primary, holding a
+// disk of the size bytes gives, never a primary's disk, on one node. Of several such sets, the
+// newest member's.
+func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary string, present map[string]bool, volumes []string, bytes member.DiskBytes) (replicaSet, bool) {
+	sets := map[string]*replicaSet{}
+	var broken []string
+	for i := range copies {
+		c := &copies[i]
+		of, volume := c.Annotations[ftv1.AnnotationReplicaOf], c.Labels[labelVolume]
+		if of == "" || c.Labels[ftv1.LabelMember] != of || present[of] || c.DeletionTimestamp != nil ||
+			c.Annotations[ftv1.AnnotationFollows] != primary || c.Annotations[annotationWasPrimary] == annotationTrue {
+			continue
+		}
+		set := sets[of]
+		if set == nil {
+			set = &replicaSet{of: of, node: c.Labels[ftv1.LabelNode], copies: map[string]*corev1.PersistentVolumeClaim{}}
+			sets[of] = set
+		}
+		n, sized := bytes[volume]
+		if set.node == "" || c.Labels[ftv1.LabelNode] != set.node || set.copies[volume] != nil ||
+			(sized && c.Annotations[ftv1.AnnotationDiskBytes] != strconv.FormatInt(n, 10)) {
+			broken = append(broken, of)
+		}
+		set.copies[volume] = c
+	}
+	for _, of := range broken {
+		delete(sets, of)
+	}
+	var best *replicaSet
+	bestOrdinal := -1
+	for _, set := range sets {
+		whole := true
+		for _, v := range volumes {
+			whole = whole && set.copies[v] != nil
+		}
+		if !whole || len(set.copies) != len(volumes) {
+			continue
+		}
+		ordinal := ordinalOf(set.copies[volumes[0]])
+		if ordinal > bestOrdinal || (ordinal == bestOrdinal && set.of > best.of) {
+			best, bestOrdinal = set, ordinal
+		}
+	}
+	if best == nil {
+		return replicaSet{}, false
+	}
+	return *best, true
+}
+
+func ordinalOf(c *corev1.PersistentVolumeClaim) int {
+	o, _ := strconv.Atoi(c.Annotations[ftv1.AnnotationOrdinal])
+	return o
+}
+
+// copiesWait is how long a new secondary waits for the VMI of a dropped secondary to go, so that
+// it can take over that secondary's copies; copiesRecheck how often it looks meanwhile.
+const (
+	copiesWait    = time.Minute
+	copiesRecheck = 2 * time.Second
+)
+
+// errWaitingForCopies: a new secondary waits for a dropped secondary's VMI to go, to take over
+// its copies (copiesWait).
+var errWaitingForCopies = errors.New("waiting to take over the copies of the disks that the last secondary left")
+
+// replicasFor finds the copies a new secondary of s's primary can take over (reusableReplicas),
+// under COLO only. When the copies of a secondary that is being deleted would do, and its node
+// is well, it returns errWaitingForCopies for up to copiesWait after that deletion began: its
+// QEMU may still hold them.
+func (r *FaultTolerantVMReconciler) replicasFor(ctx context.Context, s *scope, volumes map[string]string, bytes member.DiskBytes) (replicaSet, bool, error) {
+	if !r.Config.Member.COLO.Enabled || bytes == nil || len(volumes) == 0 {
+		return replicaSet{}, false, nil
+	}
+	copies, err := r.diskCopies(ctx, s.ftvm)
+	if err != nil {
+		return replicaSet{}, false, err
+	}
+	present := map[string]bool{}
+	for _, mv := range append(append([]*memberView(nil), s.members...), s.gone...) {
+		present[mv.vmi.Name] = true
+	}
+	names := make([]string, 0, len(volumes))
+	for v := range volumes {
+		names = append(names, v)
+	}
+	sort.Strings(names)
+	set, ok := reusableReplicas(copies, s.primary.vmi.Name, present, names, bytes)
+	if ok {
+		return set, true, nil
+	}
+	for _, mv := range s.gone {
+		since := s.now.Sub(mv.vmi.DeletionTimestamp.Time)
+		if mv.vmi.Labels[ftv1.LabelRole] != ftv1.RoleSecondary || since >= copiesWait {
+			continue
+		}
+		node := &corev1.Node{}
+		if err := r.Get(ctx, types.NamespacedName{Name: mv.node}, node); client.IgnoreNotFound(err) != nil {
+			return replicaSet{}, false, err
+		} else if err != nil || !health.NodeWell(node, s.now, s.grace) {
+			continue // a node that is down may never let its VMI go
+		}
+		delete(present, mv.vmi.Name)
+		next, ok := reusableReplicas(copies, s.primary.vmi.Name, present, names, bytes)
+		present[mv.vmi.Name] = true
+		if ok && next.of == mv.vmi.Name {
+			return replicaSet{}, false, fmt.Errorf("%w: %s, on node %s, is being deleted (for %s; a new secondary waits %s at most)",
+				errWaitingForCopies, mv.vmi.Name, mv.node, since.Round(time.Second), copiesWait)
+		}
+	}
+	return replicaSet{}, false, nil
+}
+
+// handOver makes a copy the new secondary's: its member, node and ordinal, in one patch that
+// fails if the copy changed since it was read. Its AnnotationReplicaOf stays: it still names
+// whose replicas it holds.
+func (r *FaultTolerantVMReconciler) handOver(ctx context.Context, c *corev1.PersistentVolumeClaim, memberName, node string, ordinal int) error {
+	if c.Labels[ftv1.LabelMember] == memberName {
+		return nil
+	}
+	base := c.DeepCopy()
+	c.Labels[ftv1.LabelMember], c.Labels[ftv1.LabelNode] = memberName, node
+	c.Annotations[ftv1.AnnotationOrdinal] = strconv.Itoa(ordinal)
+	if err := r.Patch(ctx, c, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	log.FromContext(ctx).Info("handed a secondary's copy of a disk to the next secondary", "claim", c.Name, "replica-of", c.Annotations[ftv1.AnnotationReplicaOf], "to", memberName)
+	return nil
+}
+
+// phaseRecordReplicas notes, under COLO, on each copy of a synchronized secondary that it holds
+// that secondary's replicas (the one writer of AnnotationReplicaOf on copies).
+func (r *FaultTolerantVMReconciler) phaseRecordReplicas(ctx context.Context, s *scope) error {
+	if !r.Config.Member.COLO.Enabled || s.primary == nil || s.secondary == nil || !s.holdsState(s.secondary) {
+		return nil
+	}
+	sec := s.secondary.vmi
+	if sec.Annotations[ftv1.AnnotationFollows] != s.primary.vmi.Name {
+		return nil
+	}
+	copies, err := r.diskCopies(ctx, s.ftvm)
+	if err != nil {
+		return err
+	}
+	for i := range copies {
+		c := &copies[i]
+		if c.Labels[ftv1.LabelMember] != sec.Name || c.Annotations[ftv1.AnnotationReplicaOf] == sec.Name || c.DeletionTimestamp != nil {
+			continue
+		}
+		if err := patchAnnotation(ctx, r.Client, c, ftv1.AnnotationReplicaOf, sec.Name); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	return nil
+}
