@@ -97,6 +97,9 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		Entry("an unknown runStrategy (the CRD's schema)", func(f *ftv1.FaultTolerantVM) { f.Spec.RunStrategy = "Sometimes" }, "Unsupported value"),
 		Entry("a name too long for the members' names", func(f *ftv1.FaultTolerantVM) { f.Name = strings.Repeat("a", 57) }, "metadata.name: Too long"),
 		Entry("a name that is not a DNS label", func(f *ftv1.FaultTolerantVM) { f.Name = "mail.01" }, "hostnames must be DNS labels"),
+		Entry("a key of lockstep's own in the template's metadata", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Metadata.Annotations = map[string]string{ftv1.AnnotationReplicaOf: "vm-2"}
+		}, "spec.template.metadata.annotations[ft.lockstep.dev/replica-of]: Forbidden"),
 		Entry("no guest memory", func(f *ftv1.FaultTolerantVM) { spec(f).Domain.Memory = nil }, "the guest memory must be set"),
 		Entry("a GPU", func(f *ftv1.FaultTolerantVM) {
 			spec(f).Domain.Devices.GPUs = []virtv1.GPU{{Name: "g", DeviceName: "nvidia.com/A100"}}

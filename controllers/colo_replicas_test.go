@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +45,15 @@ func setupCOLODiskPair(ns string) pairBefore {
 	Expect(k8s.Create(ctx(), f)).To(Succeed())
 	patchVMIAnnotationWhenRunning(ns, "vm-1", ftv1.AnnotationMeasuredDiskBytes, fmt.Sprintf("root=%d", coloDiskBytes))
 	patchVMIAnnotationWhenRunning(ns, "vm-2", ftv1.AnnotationSyncedAt, time.Now().UTC().Format(time.RFC3339))
+	// lockstepd on the primary's node reports the resync into vm-2: its engine's dirty bitmaps
+	// count from vm-2's replicas.
+	Eventually(func() error {
+		f := getFTVM(ns, "vm")
+		base := f.DeepCopy()
+		f.Status.LastResync = &ftv1.LastResyncStatus{Secondary: "vm-2", CopiedBytes: coloDiskBytes,
+			Duration: metav1.Duration{Duration: time.Second}, CompletionTime: metav1.Now()}
+		return k8s.Status().Patch(ctx(), f, client.MergeFrom(base))
+	}, timeout, interval).Should(Succeed())
 	got := waitFor(ns, "vm", "Protected, the secondary's copy noted as holding its replica", func(f *ftv1.FaultTolerantVM) bool {
 		return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && copyAnnotation(ns, "vm-2-root", ftv1.AnnotationReplicaOf) == "vm-2"
 	})
@@ -169,6 +179,29 @@ var _ = Describe("Under --colo, a secondary's copies", func() {
 })
 
 var _ = Describe("Under --colo, the next secondary", func() {
+	It("gets blank copies when the primary's engine does not count from the last secondary's replicas", func() {
+		operator.stop()
+		DeferCleanup(func() { operator = startOperator() })
+		colo := startOperatorWith(nil, withCOLO)
+		DeferCleanup(colo.stop)
+		ns := newNamespace()
+		b := setupCOLODiskPair(ns)
+
+		By("lockstepd on the primary's node restarted: it reports no resync (its engine tracks none)")
+		f := getFTVM(ns, "vm")
+		Expect(k8s.Status().Patch(ctx(), f, client.RawPatch(types.MergePatchType, []byte(`{"status":{"lastResync":null}}`)))).To(Succeed())
+		Eventually(func() *ftv1.LastResyncStatus { return getFTVM(ns, "vm").Status.LastResync }, timeout, interval).Should(BeNil())
+		deleteVMI(ns, b.secondary.VMI)
+		Eventually(func() string { return newSecondary(ns, b.secondary.VMI) }, timeout, interval).Should(Equal("vm-3"))
+		sec, err := getVMI(ns, "vm-3")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sec.Annotations).NotTo(HaveKey(ftv1.AnnotationReplicaOf))
+		Expect(claimsOf(sec)).To(Equal([]string{"vm-3-root"}))
+		deleteAllFTVMs(ns)
+		deleteAllNodes()
+		expectNothingLeft()
+	})
+
 	It("waits for a dropped secondary's VMI to go, then takes over its copies", func() {
 		operator.stop()
 		DeferCleanup(func() { operator = startOperator() })

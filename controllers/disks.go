@@ -122,19 +122,26 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 		names = append(names, volume)
 	}
 	sort.Strings(names) // one order of writes
+	// Every claim of the template is read and judged before anything is written, so that a
+	// claim that cannot be used leaves no copy half handed over.
+	sources := map[string]*corev1.PersistentVolumeClaim{}
 	for _, volume := range names {
 		userClaim := volumes[volume]
-		var source corev1.PersistentVolumeClaim
-		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, &source); err != nil {
+		source := &corev1.PersistentVolumeClaim{}
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, source); err != nil {
 			if apierrors.IsNotFound(err) {
 				return out, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
 			}
 			return out, err
 		}
-		if why := validation.ClaimProblem(&source, r.Config.Member.COLO.Enabled); why != "" {
+		if why := validation.ClaimProblem(source, r.Config.Member.COLO.Enabled); why != "" {
 			return out, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
 		}
-		out.sizes[volume] = capacityOf(&source)
+		sources[volume] = source
+	}
+	for _, volume := range names {
+		userClaim, source := volumes[volume], sources[volume]
+		out.sizes[volume] = capacityOf(source)
 		if role == ftv1.RolePrimary {
 			out.claims[volume] = currentDisk(copies, volume, userClaim)
 			if out.claims[volume] != userClaim {
@@ -167,7 +174,7 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 				AccessModes:      source.Spec.AccessModes,
 				StorageClassName: source.Spec.StorageClassName,
 				VolumeMode:       source.Spec.VolumeMode,
-				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: capacityOf(&source)}},
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: capacityOf(source)}},
 			},
 		}
 		if m.Follows != "" {
@@ -176,7 +183,7 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 		if n, ok := bytes[volume]; ok {
 			// The copy holds a disk of n bytes: its claim asks for that and its filesystem's
 			// overhead, and says which size it holds for a primary that starts from it later.
-			pvc.Spec.Resources.Requests[corev1.ResourceStorage] = member.CopyRequest(n, capacityOf(&source))
+			pvc.Spec.Resources.Requests[corev1.ResourceStorage] = member.CopyRequest(n, capacityOf(source))
 			pvc.Annotations[ftv1.AnnotationDiskBytes] = strconv.FormatInt(n, 10)
 		}
 		if err := controllerutil.SetControllerReference(ftvm, pvc, r.Scheme); err != nil {

@@ -132,6 +132,7 @@ func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan
 		if err := r.retire(ctx, s, mv, ftv1.ReasonSecondaryLost, d.Why); err != nil {
 			return r.retryOnRace(s, err)
 		}
+		s.dropped = append(s.dropped, mv)
 	}
 	s.primary, s.secondary = s.member(plan.Primary), s.member(plan.Secondary)
 	return nil

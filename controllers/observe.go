@@ -35,6 +35,8 @@ type scope struct {
 	// members are the pair's member VMIs that are not being deleted; gone are those that are.
 	members []*memberView
 	gone    []*memberView
+	// dropped are the secondaries this reconcile deleted (they are in members still).
+	dropped []*memberView
 	// record is the pair's record as last read or written.
 	record *record
 

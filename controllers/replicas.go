@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -48,17 +49,17 @@ type replicaSet struct {
 }
 
 // reusableReplicas finds the copies a new secondary of primary can take over: for every one of
-// volumes, the copy of one member that no longer exists (present lists those that do, being
-// deleted or not) and that was synchronized with them, made for a secondary of primary, holding a
-// disk of the size bytes gives, never a primary's disk, on one node. Of several such sets, the
-// newest member's.
-func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary string, present map[string]bool, volumes []string, bytes member.DiskBytes) (replicaSet, bool) {
+// volumes, the copy of tracked (the secondary that the primary's engine last resynchronised,
+// whose replicas its dirty bitmaps count from), which no longer exists (present lists the members
+// that do, being deleted or not) and was synchronized with them, made for a secondary of
+// primary, holding a disk of the size bytes gives, never a primary's disk, all on one node.
+func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary, tracked string, present map[string]bool, volumes []string, bytes member.DiskBytes) (replicaSet, bool) {
 	sets := map[string]*replicaSet{}
 	var broken []string
 	for i := range copies {
 		c := &copies[i]
 		of, volume := c.Annotations[ftv1.AnnotationReplicaOf], c.Labels[labelVolume]
-		if of == "" || c.Labels[ftv1.LabelMember] != of || present[of] || c.DeletionTimestamp != nil ||
+		if of == "" || of != tracked || c.Labels[ftv1.LabelMember] != of || present[of] || c.DeletionTimestamp != nil ||
 			c.Annotations[ftv1.AnnotationFollows] != primary || c.Annotations[annotationWasPrimary] == annotationTrue {
 			continue
 		}
@@ -77,30 +78,16 @@ func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary string, pre
 	for _, of := range broken {
 		delete(sets, of)
 	}
-	var best *replicaSet
-	bestOrdinal := -1
-	for _, set := range sets {
-		whole := true
-		for _, v := range volumes {
-			whole = whole && set.copies[v] != nil
-		}
-		if !whole || len(set.copies) != len(volumes) {
-			continue
-		}
-		ordinal := ordinalOf(set.copies[volumes[0]])
-		if ordinal > bestOrdinal || (ordinal == bestOrdinal && set.of > best.of) {
-			best, bestOrdinal = set, ordinal
-		}
-	}
-	if best == nil {
+	set := sets[tracked]
+	if set == nil || len(set.copies) != len(volumes) {
 		return replicaSet{}, false
 	}
-	return *best, true
-}
-
-func ordinalOf(c *corev1.PersistentVolumeClaim) int {
-	o, _ := strconv.Atoi(c.Annotations[ftv1.AnnotationOrdinal])
-	return o
+	for _, v := range volumes {
+		if set.copies[v] == nil {
+			return replicaSet{}, false
+		}
+	}
+	return *set, true
 }
 
 // copiesWait is how long a new secondary waits for the VMI of a dropped secondary to go, so that
@@ -135,23 +122,32 @@ func (r *FaultTolerantVMReconciler) replicasFor(ctx context.Context, s *scope, v
 		names = append(names, v)
 	}
 	sort.Strings(names)
-	set, ok := reusableReplicas(copies, s.primary.vmi.Name, present, names, bytes)
+	// The secondary the primary's engine last resynchronised, as its lockstepd reports it: the
+	// engine catches up only into that one's copies (after a restart of lockstepd there, none).
+	tracked := ""
+	if last := s.ftvm.Status.LastResync; last != nil {
+		tracked = last.Secondary
+	}
+	set, ok := reusableReplicas(copies, s.primary.vmi.Name, tracked, present, names, bytes)
 	if ok {
 		return set, true, nil
 	}
-	for _, mv := range s.gone {
-		since := s.now.Sub(mv.vmi.DeletionTimestamp.Time)
+	for _, mv := range append(append([]*memberView(nil), s.gone...), s.dropped...) {
+		since := time.Duration(0) // dropped by this reconcile
+		if mv.vmi.DeletionTimestamp != nil {
+			since = s.now.Sub(mv.vmi.DeletionTimestamp.Time)
+		}
 		if mv.vmi.Labels[ftv1.LabelRole] != ftv1.RoleSecondary || since >= copiesWait {
 			continue
 		}
 		node := &corev1.Node{}
 		if err := r.Get(ctx, types.NamespacedName{Name: mv.node}, node); client.IgnoreNotFound(err) != nil {
 			return replicaSet{}, false, err
-		} else if err != nil || !health.NodeWell(node, s.now, s.grace) {
-			continue // a node that is down may never let its VMI go
+		} else if err != nil || !health.NodeWell(node, s.now, s.grace) || node.Spec.Unschedulable {
+			continue // a node that is down may never let its VMI go; a cordoned one takes no member
 		}
 		delete(present, mv.vmi.Name)
-		next, ok := reusableReplicas(copies, s.primary.vmi.Name, present, names, bytes)
+		next, ok := reusableReplicas(copies, s.primary.vmi.Name, tracked, present, names, bytes)
 		present[mv.vmi.Name] = true
 		if ok && next.of == mv.vmi.Name {
 			return replicaSet{}, false, fmt.Errorf("%w: %s, on node %s, is being deleted (for %s; a new secondary waits %s at most)",
@@ -162,11 +158,20 @@ func (r *FaultTolerantVMReconciler) replicasFor(ctx context.Context, s *scope, v
 }
 
 // handOver makes a copy the new secondary's: its member, node and ordinal, in one patch that
-// fails if the copy changed since it was read. Its AnnotationReplicaOf stays: it still names
-// whose replicas it holds.
-func (r *FaultTolerantVMReconciler) handOver(ctx context.Context, c *corev1.PersistentVolumeClaim, memberName, node string, ordinal int) error {
-	if c.Labels[ftv1.LabelMember] == memberName {
-		return nil
+// fails if the copy changed since it was read from the API server here (a copy that changed
+// hands, or is being deleted, is not taken). Its AnnotationReplicaOf stays: it still names whose
+// replicas it holds.
+func (r *FaultTolerantVMReconciler) handOver(ctx context.Context, cached *corev1.PersistentVolumeClaim, memberName, node string, ordinal int) error {
+	c := &corev1.PersistentVolumeClaim{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cached), c); err != nil {
+		return err
+	}
+	if c.UID == cached.UID && c.Labels[ftv1.LabelMember] == memberName {
+		return nil // handed over already
+	}
+	if c.UID != cached.UID || c.DeletionTimestamp != nil || c.Labels[ftv1.LabelMember] != cached.Labels[ftv1.LabelMember] ||
+		c.Annotations[ftv1.AnnotationReplicaOf] != cached.Annotations[ftv1.AnnotationReplicaOf] {
+		return apierrors.NewConflict(corev1.Resource("persistentvolumeclaims"), c.Name, errors.New("the copy changed since the hand-over was decided"))
 	}
 	base := c.DeepCopy()
 	c.Labels[ftv1.LabelMember], c.Labels[ftv1.LabelNode] = memberName, node

@@ -48,12 +48,13 @@ func TestReusableReplicas(t *testing.T) {
 		present []string
 		want    string // the secondary whose copies are taken over; "" for none
 		node    string
+		tracked string // the secondary the primary last resynchronised: vm-2 unless set ("-": none)
 	}{
 		{name: "a gone secondary's copies, synchronized", copies: set("vm-2", "vm-2", "node-b", 2), want: "vm-2", node: "node-b"},
 		{name: "its VMI is still being deleted", copies: set("vm-2", "vm-2", "node-b", 2), present: []string{"vm-2"}},
 		{name: "never synchronized with them", copies: set("vm-2", "", "node-b", 2)},
 		{name: "handed to vm-3, which never synchronized with them", copies: set("vm-3", "vm-2", "node-b", 3)},
-		{name: "handed on and synchronized again", copies: set("vm-3", "vm-3", "node-b", 3), want: "vm-3", node: "node-b"},
+		{name: "handed on and synchronized again", copies: set("vm-3", "vm-3", "node-b", 3), tracked: "vm-3", want: "vm-3", node: "node-b"},
 		{name: "half handed over (a crash between the patches)", copies: with(set("vm-2", "vm-2", "node-b", 2), 0, func(c *corev1.PersistentVolumeClaim) {
 			c.Labels[ftv1.LabelMember] = "vm-3"
 		})},
@@ -76,7 +77,9 @@ func TestReusableReplicas(t *testing.T) {
 			c.DeletionTimestamp = &now
 		})},
 		{name: "a volume missing", copies: set("vm-2", "vm-2", "node-b", 2)[:1]},
-		{name: "two sets: the newest", copies: append(set("vm-2", "vm-2", "node-b", 2), set("vm-4", "vm-4", "node-c", 4)...), want: "vm-4", node: "node-c"},
+		{name: "two sets: the one the primary last resynchronised", copies: append(set("vm-2", "vm-2", "node-b", 2), set("vm-4", "vm-4", "node-c", 4)...), want: "vm-2", node: "node-b"},
+		{name: "the primary resynchronised another since", copies: set("vm-2", "vm-2", "node-b", 2), tracked: "vm-5"},
+		{name: "the primary's engine tracks none (its lockstepd restarted)", copies: set("vm-2", "vm-2", "node-b", 2), tracked: "-"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,7 +87,14 @@ func TestReusableReplicas(t *testing.T) {
 			for _, p := range tc.present {
 				present[p] = true
 			}
-			got, ok := reusableReplicas(tc.copies, "vm-1", present, volumes, bytes)
+			tracked := tc.tracked
+			switch tracked {
+			case "":
+				tracked = "vm-2"
+			case "-":
+				tracked = ""
+			}
+			got, ok := reusableReplicas(tc.copies, "vm-1", tracked, present, volumes, bytes)
 			if !ok {
 				if tc.want != "" {
 					t.Fatalf("none taken over; want %s's", tc.want)

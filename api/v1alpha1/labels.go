@@ -3,6 +3,9 @@ package v1alpha1
 // Labels and annotations that the operator puts on the member VMIs (and their claims). They are
 // the contract between the operator, lockstepd and anyone selecting members with kubectl.
 const (
+	// ReservedPrefix begins every label and annotation key of lockstep's own; a template may not
+	// set one (each is a fact with one writer, lockstep).
+	ReservedPrefix = "ft.lockstep.dev/"
 	// LabelPair names the FaultTolerantVM that a member belongs to.
 	LabelPair = "ft.lockstep.dev/pair"
 	// LabelRole is "primary" or "secondary".

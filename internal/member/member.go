@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -155,11 +156,17 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 		},
 		Spec: spec,
 	}
+	// Keys of lockstep's own are its to set (admission refuses them in a template): one copied
+	// from a template would say what no writer decided, such as that a new secondary holds state.
 	for k, v := range tmpl.Metadata.Labels {
-		vmi.Labels[k] = v
+		if !strings.HasPrefix(k, ftv1.ReservedPrefix) {
+			vmi.Labels[k] = v
+		}
 	}
 	for k, v := range tmpl.Metadata.Annotations {
-		vmi.Annotations[k] = v
+		if !strings.HasPrefix(k, ftv1.ReservedPrefix) {
+			vmi.Annotations[k] = v
+		}
 	}
 	vmi.Labels[ftv1.LabelPair] = ftvm.Name
 	vmi.Labels[ftv1.LabelRole] = m.Role

@@ -161,3 +161,34 @@ func TestVCPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildTakesNoKeyOfLockstepsOwnFromTheTemplate: a template written before admission refused
+// them cannot make a new secondary look synchronized, or name whose replicas its blank copies
+// hold; a member says whose replicas it holds only when the operator handed them over.
+func TestBuildTakesNoKeyOfLockstepsOwnFromTheTemplate(t *testing.T) {
+	ftvm := testFTVM()
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	tmpl.Metadata.Annotations = map[string]string{ftv1.AnnotationSyncedAt: "2026-11-26T10:00:00Z", ftv1.AnnotationReplicaOf: "db-2", "team": "db"}
+	tmpl.Metadata.Labels = map[string]string{ftv1.LabelRole: ftv1.RolePrimary, "app": "db"}
+	build := func(m Member) *virtv1.VirtualMachineInstance {
+		t.Helper()
+		vmi, err := Build(ftvm, tmpl, m, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vmi
+	}
+	vmi := build(Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n7", Since: time.Unix(0, 0)})
+	if _, ok := vmi.Annotations[ftv1.AnnotationSyncedAt]; ok {
+		t.Errorf("synced-at taken from the template")
+	}
+	if _, ok := vmi.Annotations[ftv1.AnnotationReplicaOf]; ok {
+		t.Errorf("replica-of taken from the template")
+	}
+	if vmi.Labels[ftv1.LabelRole] != ftv1.RoleSecondary || vmi.Labels["app"] != "db" || vmi.Annotations["team"] != "db" {
+		t.Errorf("labels %v, annotations %v", vmi.Labels, vmi.Annotations)
+	}
+	if got := build(Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n7", ReplicaOf: "db-2"}).Annotations[ftv1.AnnotationReplicaOf]; got != "db-2" {
+		t.Errorf("a member handed db-2's copies names %q", got)
+	}
+}

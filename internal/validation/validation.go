@@ -8,6 +8,7 @@ package validation
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +29,7 @@ func Validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	var errs field.ErrorList
 	errs = append(errs, validateName(ftvm.Name)...)
 	errs = append(errs, validateLoggingNetwork(&ftvm.Spec.LoggingNetwork, field.NewPath("spec", "loggingNetwork"))...)
+	errs = append(errs, validateTemplateMeta(&ftvm.Spec.Template.Metadata, field.NewPath("spec", "template", "metadata"))...)
 	spec := field.NewPath("spec", "template", "spec")
 	vmi := &ftvm.Spec.Template.Spec
 	errs = append(errs, validateResources(vmi, spec.Child("domain"))...)
@@ -39,6 +41,30 @@ func Validate(ftvm *ftv1.FaultTolerantVM) field.ErrorList {
 	errs = append(errs, validateNetworks(vmi, spec, ftvm)...)
 	errs = append(errs, validateComparedNIC(vmi, spec)...)
 	errs = append(errs, validateProbes(vmi, spec)...)
+	return errs
+}
+
+// validateTemplateMeta refuses labels and annotations of lockstep's own (ReservedPrefix) in the
+// template: lockstep sets them on each member, and one given by the template would say what no
+// writer decided (that a new secondary holds the VM's state, whose replicas its disks hold).
+func validateTemplateMeta(meta *ftv1.VMITemplateMeta, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, keys := range []struct {
+		child string
+		m     map[string]string
+	}{{"labels", meta.Labels}, {"annotations", meta.Annotations}} {
+		names := make([]string, 0, len(keys.m))
+		for k := range keys.m {
+			if strings.HasPrefix(k, ftv1.ReservedPrefix) {
+				names = append(names, k)
+			}
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			errs = append(errs, field.Forbidden(path.Child(keys.child).Key(k),
+				fmt.Sprintf("keys under %s are lockstep's own: it sets them on each member", ftv1.ReservedPrefix)))
+		}
+	}
 	return errs
 }
 

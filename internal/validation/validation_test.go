@@ -37,6 +37,12 @@ func TestValidate(t *testing.T) {
 		want   string // a part of the message, and the field
 	}{
 		{"long name", func(f *ftv1.FaultTolerantVM) { f.Name = strings.Repeat("a", 57) }, "metadata.name"},
+		{"a key of lockstep's own in the template", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Metadata.Annotations = map[string]string{ftv1.AnnotationSyncedAt: "2026-11-26T10:00:00Z", "team": "db"}
+		}, "spec.template.metadata.annotations[ft.lockstep.dev/synced-at]: Forbidden: keys under ft.lockstep.dev/ are lockstep's own"},
+		{"a label of lockstep's own in the template", func(f *ftv1.FaultTolerantVM) {
+			f.Spec.Template.Metadata.Labels = map[string]string{ftv1.LabelRole: ftv1.RolePrimary}
+		}, "spec.template.metadata.labels[ft.lockstep.dev/role]"},
 		{"no memory", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Domain.Memory = nil }, "the guest memory must be set"},
 		{"gpu", func(f *ftv1.FaultTolerantVM) { f.Spec.Template.Spec.Domain.Devices.GPUs = []virtv1.GPU{{Name: "g"}} }, "GPUs cannot be fault tolerant"},
 		{"host device", func(f *ftv1.FaultTolerantVM) {
