@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -50,8 +51,8 @@ func setupCOLODiskPair(ns string) pairBefore {
 	Eventually(func() error {
 		f := getFTVM(ns, "vm")
 		base := f.DeepCopy()
-		f.Status.LastResync = &ftv1.LastResyncStatus{Secondary: "vm-2", CopiedBytes: coloDiskBytes,
-			Duration: metav1.Duration{Duration: time.Second}, CompletionTime: metav1.Now()}
+		f.Status.LastResync = &ftv1.LastResyncStatus{Secondary: "vm-2", CopiedBytes: ptr.To(int64(coloDiskBytes)),
+			DurationMilliseconds: ptr.To(int64(1000)), CompletionTime: &metav1.Time{Time: time.Now()}}
 		return k8s.Status().Patch(ctx(), f, client.MergeFrom(base))
 	}, timeout, interval).Should(Succeed())
 	got := waitFor(ns, "vm", "Protected, the secondary's copy noted as holding its replica", func(f *ftv1.FaultTolerantVM) bool {

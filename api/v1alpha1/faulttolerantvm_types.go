@@ -455,22 +455,29 @@ type ResyncStatus struct {
 // LastResyncStatus is a completed copy of the primary's disks into a secondary.
 type LastResyncStatus struct {
 	// secondary is the member the disks were copied into.
-	Secondary string `json:"secondary"`
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	Secondary string `json:"secondary,omitempty"`
 
 	// incremental says that only what the VM wrote since was copied: the secondary took over the
 	// copies of an earlier secondary of the same primary (annotation ft.lockstep.dev/replica-of),
 	// whose replicas they held. Otherwise the whole disks were copied.
-	Incremental bool `json:"incremental"`
+	// +optional
+	Incremental *bool `json:"incremental,omitempty"`
 
 	// copiedBytes is what was copied, of all the replicated disks together.
+	// +optional
 	// +kubebuilder:validation:Minimum=0
-	CopiedBytes int64 `json:"copiedBytes"`
+	CopiedBytes *int64 `json:"copiedBytes,omitempty"`
 
-	// duration is how long the copy took, the VM's last stop for it included.
-	Duration metav1.Duration `json:"duration"`
+	// durationMilliseconds is how long the copy took, the VM's last stop for it included.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	DurationMilliseconds *int64 `json:"durationMilliseconds,omitempty"`
 
 	// completionTime is when it completed.
-	CompletionTime metav1.Time `json:"completionTime"`
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
 
 // CheckpointStatus is what the COLO engine's checkpoints cost the VM. A checkpoint is due every

@@ -510,8 +510,8 @@ func lastResyncStatus(r engine.ResyncDone) *ftv1.LastResyncStatus {
 	if r.Member == "" {
 		return nil
 	}
-	return &ftv1.LastResyncStatus{Secondary: r.Member, Incremental: r.Incremental, CopiedBytes: int64(r.Bytes),
-		Duration: metav1.Duration{Duration: r.Took.Round(time.Millisecond)}, CompletionTime: metav1.NewTime(r.At.Truncate(time.Second))}
+	return &ftv1.LastResyncStatus{Secondary: r.Member, Incremental: ptr.To(r.Incremental), CopiedBytes: ptr.To(int64(r.Bytes)),
+		DurationMilliseconds: ptr.To(r.Took.Round(time.Millisecond).Milliseconds()), CompletionTime: &metav1.Time{Time: r.At.Truncate(time.Second)}}
 }
 
 // rateWindow is where a side's reported rates are measured from: its status at the window's

@@ -129,7 +129,7 @@ func TestLastResyncStatus(t *testing.T) {
 	}
 	at := time.Date(2026, 11, 26, 7, 0, 0, 400_000_000, time.UTC)
 	got := lastResyncStatus(engine.ResyncDone{Member: "vm-3", Incremental: true, Bytes: 1 << 20, Took: 1234567 * time.Microsecond, At: at})
-	if got.Secondary != "vm-3" || !got.Incremental || got.CopiedBytes != 1<<20 || got.Duration.Duration != 1235*time.Millisecond ||
+	if got.Secondary != "vm-3" || !*got.Incremental || *got.CopiedBytes != 1<<20 || *got.DurationMilliseconds != 1235 ||
 		!got.CompletionTime.Time.Equal(at.Truncate(time.Second)) {
 		t.Fatalf("got %+v", got)
 	}

@@ -19,6 +19,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -312,11 +313,12 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		last := waitFor("the primary's lockstepd reports the resync", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
 			return f.Status.LastResync != nil && f.Status.LastResync.Secondary == again.Status.Secondary.VMI
 		}).Status.LastResync
-		Expect(last.Incremental).To(BeTrue(), "the resync of %s after the suspension", last.Secondary)
-		if whole := f.Status.LastResync; whole != nil && !whole.Incremental {
-			Expect(last.CopiedBytes).To(BeNumerically("<", whole.CopiedBytes))
-			fmt.Printf("resync of the disks: whole %d bytes in %s (%s); incremental %d bytes in %s (%s)\n",
-				whole.CopiedBytes, whole.Duration.Duration, whole.Secondary, last.CopiedBytes, last.Duration.Duration, last.Secondary)
+		Expect(ptr.Deref(last.Incremental, false)).To(BeTrue(), "the resync of %s after the suspension", last.Secondary)
+		if whole := f.Status.LastResync; whole != nil && !ptr.Deref(whole.Incremental, false) && whole.CopiedBytes != nil && last.CopiedBytes != nil {
+			Expect(*last.CopiedBytes).To(BeNumerically("<", *whole.CopiedBytes))
+			fmt.Printf("resync of the disks: whole %d bytes in %d ms (%s); incremental %d bytes in %d ms (%s)\n",
+				*whole.CopiedBytes, ptr.Deref(whole.DurationMilliseconds, 0), whole.Secondary,
+				*last.CopiedBytes, ptr.Deref(last.DurationMilliseconds, 0), last.Secondary)
 		}
 		expectServing(cl)
 	})
