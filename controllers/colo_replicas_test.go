@@ -31,14 +31,7 @@ const coloDiskBytes = 967 << 20
 // disk and marks the secondary synchronized).
 func setupCOLODiskPair(ns string) pairBefore {
 	GinkgoHelper()
-	for i := 1; i <= 4; i++ {
-		name := makeNode(fmt.Sprintf("node-%d", i), "zone-a")
-		node := &corev1.Node{}
-		Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
-		base := node.DeepCopy()
-		node.Annotations = map[string]string{ftv1.AnnotationNodeLoggingAddress: fmt.Sprintf("10.0.0.%d:7410", i)}
-		Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
-	}
+	makeLockstepdNodes(4)
 	createClaim(ns, "disk", "1Gi")
 	f := newFTVM(ns, "vm")
 	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
@@ -59,6 +52,26 @@ func setupCOLODiskPair(ns string) pairBefore {
 		return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && copyAnnotation(ns, "vm-2-root", ftv1.AnnotationReplicaOf) == "vm-2"
 	})
 	return pairBefore{primary: *got.Status.Primary, secondary: *got.Status.Secondary}
+}
+
+// coloPairAlone replaces the suite's operator with one under --colo for the spec, and makes a
+// Protected pair (setupCOLODiskPair) in a namespace of its own.
+func coloPairAlone() (string, pairBefore) {
+	GinkgoHelper()
+	operator.stop()
+	DeferCleanup(func() { operator = startOperator() })
+	colo := startOperatorWith(nil, withCOLO)
+	DeferCleanup(colo.stop)
+	ns := newNamespace()
+	return ns, setupCOLODiskPair(ns)
+}
+
+// cleanUp deletes what a spec made and checks that nothing is left.
+func cleanUp(ns string) {
+	GinkgoHelper()
+	deleteAllFTVMs(ns)
+	deleteAllNodes()
+	expectNothingLeft()
 }
 
 // patchVMIAnnotationWhenRunning sets an annotation of a member once it runs, as lockstepd does.
@@ -149,12 +162,7 @@ var _ = Describe("Under --colo, a secondary's copies", func() {
 	})
 
 	It("handed to a secondary that never synchronized are not handed on: the next one gets a blank copy", func() {
-		operator.stop()
-		DeferCleanup(func() { operator = startOperator() })
-		colo := startOperatorWith(nil, withCOLO)
-		DeferCleanup(colo.stop)
-		ns := newNamespace()
-		b := setupCOLODiskPair(ns)
+		ns, b := coloPairAlone()
 
 		deleteVMI(ns, b.secondary.VMI)
 		Eventually(func() string { return getVMIAnnotationOrEmpty(ns, "vm-3", ftv1.AnnotationReplicaOf) }, timeout, interval).Should(Equal("vm-2"))
@@ -173,20 +181,13 @@ var _ = Describe("Under --colo, a secondary's copies", func() {
 			err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm-2-root"}, c)
 			return err != nil || c.DeletionTimestamp != nil
 		}, timeout, interval).Should(BeTrue())
-		deleteAllFTVMs(ns)
-		deleteAllNodes()
-		expectNothingLeft()
+		cleanUp(ns)
 	})
 })
 
 var _ = Describe("Under --colo, the next secondary", func() {
 	It("gets blank copies when the primary's engine does not count from the last secondary's replicas", func() {
-		operator.stop()
-		DeferCleanup(func() { operator = startOperator() })
-		colo := startOperatorWith(nil, withCOLO)
-		DeferCleanup(colo.stop)
-		ns := newNamespace()
-		b := setupCOLODiskPair(ns)
+		ns, b := coloPairAlone()
 
 		By("lockstepd on the primary's node restarted: it reports no resync (its engine tracks none)")
 		f := getFTVM(ns, "vm")
@@ -198,18 +199,11 @@ var _ = Describe("Under --colo, the next secondary", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sec.Annotations).NotTo(HaveKey(ftv1.AnnotationReplicaOf))
 		Expect(claimsOf(sec)).To(Equal([]string{"vm-3-root"}))
-		deleteAllFTVMs(ns)
-		deleteAllNodes()
-		expectNothingLeft()
+		cleanUp(ns)
 	})
 
 	It("waits for a dropped secondary's VMI to go, then takes over its copies", func() {
-		operator.stop()
-		DeferCleanup(func() { operator = startOperator() })
-		colo := startOperatorWith(nil, withCOLO)
-		DeferCleanup(colo.stop)
-		ns := newNamespace()
-		b := setupCOLODiskPair(ns)
+		ns, b := coloPairAlone()
 
 		By("vm-2's VMI lingers while it is deleted (its launcher pod still stops)")
 		vmi, err := getVMI(ns, b.secondary.VMI)
@@ -236,9 +230,7 @@ var _ = Describe("Under --colo, the next secondary", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sec.Labels[ftv1.LabelNode]).To(Equal(b.secondary.Node))
 		Expect(claimsOf(sec)).To(Equal([]string{"vm-2-root"}))
-		deleteAllFTVMs(ns)
-		deleteAllNodes()
-		expectNothingLeft()
+		cleanUp(ns)
 	})
 })
 

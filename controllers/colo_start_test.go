@@ -19,6 +19,20 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/member"
 )
 
+// makeLockstepdNodes makes n nodes where lockstepd runs: it published its logging address (a
+// lockstepd without a node lease counts by its address, as one from before the lease did).
+func makeLockstepdNodes(n int) {
+	GinkgoHelper()
+	for i := 1; i <= n; i++ {
+		name := makeNode(fmt.Sprintf("node-%d", i), "zone-a")
+		node := &corev1.Node{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
+		base := node.DeepCopy()
+		node.Annotations = map[string]string{ftv1.AnnotationNodeLoggingAddress: fmt.Sprintf("10.0.0.%d:7410", i)}
+		Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
+	}
+}
+
 // Under --colo a secondary's images must be exactly its primary's disks, whose sizes only
 // lockstepd knows once the primary runs (CDI and KubeVirt size them from the claims, differently).
 var _ = Describe("A new pair under --colo", func() {
@@ -29,16 +43,7 @@ var _ = Describe("A new pair under --colo", func() {
 		DeferCleanup(colo.stop)
 
 		ns := newNamespace()
-		for i := 1; i <= 3; i++ {
-			name := makeNode(fmt.Sprintf("node-%d", i), "zone-a")
-			// lockstepd runs there: it published its logging address (a lockstepd without a node
-			// lease counts by its address, as one from before the lease did).
-			node := &corev1.Node{}
-			Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
-			base := node.DeepCopy()
-			node.Annotations = map[string]string{ftv1.AnnotationNodeLoggingAddress: fmt.Sprintf("10.0.0.%d:7410", i)}
-			Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
-		}
+		makeLockstepdNodes(3)
 		createClaim(ns, "disk", "1Gi")
 		f := newFTVM(ns, "vm")
 		f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
