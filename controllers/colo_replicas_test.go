@@ -32,10 +32,7 @@ const coloDiskBytes = 967 << 20
 func setupCOLODiskPair(ns string) pairBefore {
 	GinkgoHelper()
 	makeLockstepdNodes(4)
-	createClaim(ns, "disk", "1Gi")
-	f := newFTVM(ns, "vm")
-	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
-		PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "disk"}}}
+	f := newDiskFTVM(ns)
 	Expect(k8s.Create(ctx(), f)).To(Succeed())
 	patchVMIAnnotationWhenRunning(ns, "vm-1", ftv1.AnnotationMeasuredDiskBytes, fmt.Sprintf("root=%d", coloDiskBytes))
 	patchVMIAnnotationWhenRunning(ns, "vm-2", ftv1.AnnotationSyncedAt, time.Now().UTC().Format(time.RFC3339))

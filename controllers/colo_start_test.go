@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -44,10 +43,7 @@ var _ = Describe("A new pair under --colo", func() {
 
 		ns := newNamespace()
 		makeLockstepdNodes(3)
-		createClaim(ns, "disk", "1Gi")
-		f := newFTVM(ns, "vm")
-		f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
-			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "disk"}}}
+		f := newDiskFTVM(ns)
 		Expect(k8s.Create(ctx(), f)).To(Succeed())
 		lastOrdinal := func() string {
 			l := &coordinationv1.Lease{}

@@ -200,11 +200,8 @@ func setupDiskPair(ns string) pairBefore {
 	for i := 1; i <= 4; i++ {
 		makeNode(fmt.Sprintf("node-%d", i), "zone-a")
 	}
-	createClaim(ns, "disk", "1Gi")
-	f := newFTVM(ns, "vm")
+	f := newDiskFTVM(ns)
 	f.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
-	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
-		PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "disk"}}}
 	Expect(k8s.Create(ctx(), f)).To(Succeed())
 	got := waitFor(ns, "vm", "Protected with a synchronized secondary", func(f *ftv1.FaultTolerantVM) bool {
 		return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && getVMIAnnotation(ns, f.Status.Secondary.VMI, ftv1.AnnotationSyncedAt) != ""

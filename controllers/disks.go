@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -117,11 +118,7 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 		return out, err
 	}
 
-	names := make([]string, 0, len(volumes))
-	for volume := range volumes {
-		names = append(names, volume)
-	}
-	sort.Strings(names) // one order of writes
+	names := slices.Sorted(maps.Keys(volumes)) // one order of writes
 	// Every claim of the template is read and judged before anything is written, so that a
 	// claim that cannot be used leaves no copy half handed over.
 	sources := map[string]*corev1.PersistentVolumeClaim{}

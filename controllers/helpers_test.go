@@ -204,6 +204,16 @@ func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
 }
 
 // setProtection patches the FaultTolerantVM's spec.protection.
+// newDiskFTVM is FaultTolerantVM "vm" whose root disk is claim "disk" (1Gi), which it creates.
+func newDiskFTVM(ns string) *ftv1.FaultTolerantVM {
+	GinkgoHelper()
+	createClaim(ns, "disk", "1Gi")
+	f := newFTVM(ns, "vm")
+	f.Spec.Template.Spec.Volumes[0].VolumeSource = virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+		PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "disk"}}}
+	return f
+}
+
 func setProtection(ns, name string, p ftv1.Protection) {
 	f := getFTVM(ns, name)
 	base := f.DeepCopy()

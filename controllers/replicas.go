@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -54,32 +55,28 @@ type replicaSet struct {
 // that do, being deleted or not) and was synchronized with them, made for a secondary of
 // primary, holding a disk of the size bytes gives, never a primary's disk, all on one node.
 func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary, tracked string, present map[string]bool, volumes []string, bytes member.DiskBytes) (replicaSet, bool) {
-	sets := map[string]*replicaSet{}
-	var broken []string
+	if tracked == "" || present[tracked] {
+		return replicaSet{}, false
+	}
+	set := replicaSet{of: tracked, copies: map[string]*corev1.PersistentVolumeClaim{}}
 	for i := range copies {
 		c := &copies[i]
-		of, volume := c.Annotations[ftv1.AnnotationReplicaOf], c.Labels[labelVolume]
-		if of == "" || of != tracked || c.Labels[ftv1.LabelMember] != of || present[of] || c.DeletionTimestamp != nil ||
+		if c.Annotations[ftv1.AnnotationReplicaOf] != tracked || c.Labels[ftv1.LabelMember] != tracked || c.DeletionTimestamp != nil ||
 			c.Annotations[ftv1.AnnotationFollows] != primary || c.Annotations[annotationWasPrimary] == annotationTrue {
 			continue
 		}
-		set := sets[of]
-		if set == nil {
-			set = &replicaSet{of: of, node: c.Labels[ftv1.LabelNode], copies: map[string]*corev1.PersistentVolumeClaim{}}
-			sets[of] = set
+		volume, node := c.Labels[labelVolume], c.Labels[ftv1.LabelNode]
+		if set.node == "" {
+			set.node = node
 		}
 		n, sized := bytes[volume]
-		if set.node == "" || c.Labels[ftv1.LabelNode] != set.node || set.copies[volume] != nil ||
+		if node == "" || node != set.node || set.copies[volume] != nil ||
 			(sized && c.Annotations[ftv1.AnnotationDiskBytes] != strconv.FormatInt(n, 10)) {
-			broken = append(broken, of)
+			return replicaSet{}, false // not one whole set on one node
 		}
 		set.copies[volume] = c
 	}
-	for _, of := range broken {
-		delete(sets, of)
-	}
-	set := sets[tracked]
-	if set == nil || len(set.copies) != len(volumes) {
+	if len(set.copies) != len(volumes) {
 		return replicaSet{}, false
 	}
 	for _, v := range volumes {
@@ -87,7 +84,7 @@ func reusableReplicas(copies []corev1.PersistentVolumeClaim, primary, tracked st
 			return replicaSet{}, false
 		}
 	}
-	return *set, true
+	return set, true
 }
 
 // copiesWait is how long a new secondary waits for the VMI of a dropped secondary to go, so that
@@ -114,14 +111,10 @@ func (r *FaultTolerantVMReconciler) replicasFor(ctx context.Context, s *scope, v
 		return replicaSet{}, false, err
 	}
 	present := map[string]bool{}
-	for _, mv := range append(append([]*memberView(nil), s.members...), s.gone...) {
+	for _, mv := range slices.Concat(s.members, s.gone) {
 		present[mv.vmi.Name] = true
 	}
-	names := make([]string, 0, len(volumes))
-	for v := range volumes {
-		names = append(names, v)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(volumes))
 	// The secondary the primary's engine last resynchronised, as its lockstepd reports it: the
 	// engine catches up only into that one's copies (after a restart of lockstepd there, none).
 	tracked := ""
@@ -132,27 +125,32 @@ func (r *FaultTolerantVMReconciler) replicasFor(ctx context.Context, s *scope, v
 	if ok {
 		return set, true, nil
 	}
-	for _, mv := range append(append([]*memberView(nil), s.gone...), s.dropped...) {
-		since := time.Duration(0) // dropped by this reconcile
-		if mv.vmi.DeletionTimestamp != nil {
-			since = s.now.Sub(mv.vmi.DeletionTimestamp.Time)
-		}
-		if mv.vmi.Labels[ftv1.LabelRole] != ftv1.RoleSecondary || since >= copiesWait {
-			continue
-		}
-		node := &corev1.Node{}
-		if err := r.Get(ctx, types.NamespacedName{Name: mv.node}, node); client.IgnoreNotFound(err) != nil {
-			return replicaSet{}, false, err
-		} else if err != nil || !health.NodeWell(node, s.now, s.grace) || node.Spec.Unschedulable {
-			continue // a node that is down may never let its VMI go; a cordoned one takes no member
-		}
-		delete(present, mv.vmi.Name)
-		next, ok := reusableReplicas(copies, s.primary.vmi.Name, tracked, present, names, bytes)
-		present[mv.vmi.Name] = true
-		if ok && next.of == mv.vmi.Name {
-			return replicaSet{}, false, fmt.Errorf("%w: %s, on node %s, is being deleted (for %s; a new secondary waits %s at most)",
-				errWaitingForCopies, mv.vmi.Name, mv.node, since.Round(time.Second), copiesWait)
-		}
+	// That secondary may still be going (deleted, or dropped by this reconcile).
+	leaving := slices.Concat(s.gone, s.dropped)
+	i := slices.IndexFunc(leaving, func(mv *memberView) bool {
+		return mv.vmi.Name == tracked && mv.vmi.Labels[ftv1.LabelRole] == ftv1.RoleSecondary
+	})
+	if i < 0 {
+		return replicaSet{}, false, nil
+	}
+	going := leaving[i]
+	since := time.Duration(0) // dropped by this reconcile
+	if going.vmi.DeletionTimestamp != nil {
+		since = s.now.Sub(going.vmi.DeletionTimestamp.Time)
+	}
+	if since >= copiesWait {
+		return replicaSet{}, false, nil
+	}
+	node := &corev1.Node{}
+	if err := r.Get(ctx, types.NamespacedName{Name: going.node}, node); client.IgnoreNotFound(err) != nil {
+		return replicaSet{}, false, err
+	} else if err != nil || !health.NodeWell(node, s.now, s.grace) || node.Spec.Unschedulable {
+		return replicaSet{}, false, nil // a node that is down may never let its VMI go; a cordoned one takes no member
+	}
+	delete(present, tracked)
+	if _, ok := reusableReplicas(copies, s.primary.vmi.Name, tracked, present, names, bytes); ok {
+		return replicaSet{}, false, fmt.Errorf("%w: %s, on node %s, is being deleted (for %s; a new secondary waits %s at most)",
+			errWaitingForCopies, tracked, going.node, since.Round(time.Second), copiesWait)
 	}
 	return replicaSet{}, false, nil
 }
