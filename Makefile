@@ -152,7 +152,7 @@ test-helm: ## helm install, upgrade and uninstall on a local cluster of its own 
 	hack/gotest.sh helm -tags helm -count=1 -timeout 20m -v ./test/helm/... -ginkgo.v -ginkgo.timeout=20m
 
 .PHONY: test-chaos
-test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40); CHAOS_KEEP=1 leaves the cluster up.
+test-chaos: ## The seeded chaos suite on its own local cluster: CHAOS_SEED (default: the clock), CHAOS_STEPS (default 40), CHAOS_BUDGET (default 3m of faults unless CHAOS_STEPS is set); CHAOS_KEEP=1 leaves the cluster up.
 	hack/gotest.sh chaos -tags chaos -count=1 -timeout 90m -v ./test/chaos/... -ginkgo.v -ginkgo.timeout=90m
 
 .PHONY: bench

@@ -3,6 +3,7 @@ package chaos
 import (
 	"reflect"
 	"testing"
+	"time"
 )
 
 func TestScheduleIsTheSeeds(t *testing.T) {
@@ -38,6 +39,18 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 	}
 }
 
+// A schedule cut short by the budget is the schedule of its length: CHAOS_STEPS=k repeats the k
+// steps that ran.
+func TestAShorterScheduleIsTheLongersStart(t *testing.T) {
+	m := Model{Nodes: 8, MaxVMs: 10, MaxNode: 12}
+	long := Schedule(501909, 40, m)
+	for _, k := range []int{1, 5, 20, 27, 39} {
+		if got := Schedule(501909, k, m); !reflect.DeepEqual(got, long[:k]) {
+			t.Fatalf("the first %d steps of seed 501909 differ from its schedule of %d", k, k)
+		}
+	}
+}
+
 func TestFullStackScheduleIsTheSeeds(t *testing.T) {
 	a, b := FullStackSchedule(7, 100), FullStackSchedule(7, 100)
 	if !reflect.DeepEqual(a, b) {
@@ -60,6 +73,27 @@ func TestFullStackScheduleIsTheSeeds(t *testing.T) {
 		"partition-logging primary", "partition-logging secondary", "kill-member-node primary", "kill-member-node secondary", "kill-operator "} {
 		if !seen[want] {
 			t.Errorf("100 steps of seed 7 have no %q", want)
+		}
+	}
+}
+
+func TestBudgetFromEnv(t *testing.T) {
+	for _, c := range []struct {
+		budget, steps string
+		want          time.Duration
+		err           bool
+	}{
+		{want: 3 * time.Minute}, // the default length: the default budget
+		{steps: "40"},           // a length asked for runs whole
+		{budget: "90s", steps: "40", want: 90 * time.Second},
+		{budget: "0"},
+		{budget: "soon", err: true},
+	} {
+		t.Setenv("T_BUDGET", c.budget)
+		t.Setenv("T_STEPS", c.steps)
+		got, err := BudgetFromEnv("T_BUDGET", "T_STEPS", 3*time.Minute)
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("budget %q, steps %q: %s, %v; want %s", c.budget, c.steps, got, err, c.want)
 		}
 	}
 }

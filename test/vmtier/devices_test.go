@@ -4,84 +4,121 @@ package vmtier
 
 import (
 	"context"
-	"strings"
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/failover"
 )
 
-// TestLibvirtSecondaryFollowsTheGuestsDevices: under COLO the guest, twenty times, flips a coin
-// and on heads unbinds its NIC's PCI function from the virtio-pci driver (which turns its bus
-// mastering off and disables the virtio device) and binds it again two seconds later, as Linux
-// does when it probes a device at boot or reloads a driver. Each side's guest flips its own coin
-// (the microseconds of its clock when it asks, which differ between the two sides):
-// when the secondary's unbinds and the primary's does not, the next checkpoint loads the primary's
-// device state, which leaves the "disabled" flag out (QEMU sends it only when it is set), into a
-// secondary device that has it set. A secondary that kept the flag went live with its NIC dead
-// (hack/qemu/virtio-load-flag-defaults.patch); a VM protected while its kernel probed its devices
-// hit it by chance. The test watches both NICs until the secondary's was disabled while the
-// primary's was not across a checkpoint: it then ends at once, or stays disabled for longer than
-// the guest's own unbinding lasts (the flag left behind). The test then stops the rounds, kills the
-// primary's QEMU, and the secondary must serve.
+// TestLibvirtSecondaryFollowsTheGuestsDevices: under COLO a guest unbinds its NIC's PCI function
+// from the virtio-pci driver (which turns its bus mastering off and disables the virtio device), as
+// Linux does when it probes a device at boot or reloads a driver, on one side only. A checkpoint
+// that loads the primary's device state into the secondary's leaves the "disabled" flag out when
+// it is clear (QEMU sends it only when it is set): a secondary device that had it set kept it, and
+// went live with its NIC dead (hack/qemu/virtio-load-flag-defaults.patch); a VM protected while
+// its kernel probed its devices hit it by chance. The test makes each side's divergence on
+// purpose, through the guest agent of that side alone (each side's own libvirt), which the other
+// side's guest never hears of:
+//   - three times the secondary's guest alone unbinds: the secondary's NIC must be disabled while
+//     the primary's is not, and enabled again after the next checkpoint;
+//   - then the primary's guest alone unbinds, a checkpoint carries the flag to the secondary, and
+//     the primary's guest alone binds again: the checkpoint after that must clear it.
+//
+// Then the primary's QEMU is killed, and the secondary must serve.
 func TestLibvirtSecondaryFollowsTheGuestsDevices(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, debian)
-	script := `pci=$(basename $(readlink -f /sys/class/net/eth0/device/..))
-addr=$(ip -4 -o addr show eth0 | awk '{print $4}')
-(for i in $(seq 1 20); do
-  [ -e /run/stop-unbinding ] && break
-  if [ $(($(date +%N) / 1000 % 2)) = 0 ]; then
-    echo $pci >/sys/bus/pci/drivers/virtio-pci/unbind; sleep 2; echo $pci >/sys/bus/pci/drivers/virtio-pci/bind
-    sleep 1; ip addr add $addr dev eth0; ip link set eth0 up
-  else
-    sleep 3
-  fi
-  sleep 1
-done) >/dev/null 2>&1 &`
-	// An episode: samples in a row with the secondary's NIC disabled and the primary's not. One
-	// that outlasts the guest's own unbinding (2 s) is a flag the checkpoints left behind; one that
-	// spans a checkpoint and ends is a secondary that took the primary's flag from it. The coins
-	// may take more than twenty rounds to fall so (in 3 of 7 runs of twenty they did not): up to
-	// six runs of them.
-	var diverged, stale, spanned, from int
-	for run := 0; run < 6 && stale < 16 && spanned == 0; run++ {
-		toggle := c.debian.ssh(c.client, c.vmAddr, "sudo sh")
-		toggle.Stdin = strings.NewReader(script)
-		if out, err := toggle.CombinedOutput(); err != nil {
-			t.Fatalf("unbinding and binding the NIC in the guest: %v\n%s", err, out)
-		}
-		for end := time.Now().Add(85 * time.Second); time.Now().Before(end) && stale < 16 && spanned == 0; time.Sleep(250 * time.Millisecond) {
-			switch {
-			case nicDisabled(t, s) && !nicDisabled(t, p):
-				if stale == 0 {
-					from = c.checkpointCount()
-				}
-				diverged++
-				stale++
-			case stale > 0 && c.checkpointCount() > from:
-				spanned, stale = c.checkpointCount()-from, 0
-			default:
-				stale = 0
+	const (
+		pci    = "$(basename $(readlink -f /sys/class/net/eth0/device/..))"
+		unbind = "echo " + pci + " >/sys/bus/pci/drivers/virtio-pci/unbind"
+	)
+	for episode := 1; episode <= 3; episode++ {
+		// A checkpoint may come between the agent's request and the unbinding and take it back
+		// (the primary's guest never asked): ask again until the secondary's NIC is disabled.
+		from := -1
+		for try := 0; from < 0; try++ {
+			if try == 10 {
+				c.dump()
+				t.Fatalf("episode %d: the secondary's NIC was never disabled after %d requests to its guest agent", episode, try)
+			}
+			if err := guestExec(s, unbind); err != nil {
+				t.Logf("episode %d: the secondary's guest agent: %v", episode, err)
+			}
+			if waitNIC(t, s, true, 5*time.Second) {
+				from = c.checkpointCount()
 			}
 		}
+		if nicDisabled(t, p) {
+			t.Fatalf("episode %d: the primary's NIC is disabled too: its guest heard of the secondary's request", episode)
+		}
+		c.nicEnabledAfterCheckpoint(s, from, fmt.Sprintf("episode %d: after its guest alone unbound it", episode))
+		cl.next("the primary serves after the secondary's guest unbound its NIC", time.Minute)
 	}
-	if stale < 16 && spanned == 0 {
-		t.Fatalf("no checkpoint came while the secondary's NIC alone was disabled (%d samples of it): the coins never came up so", diverged)
+
+	// The primary's guest alone: it keeps the PCI function and the address to bind and put back
+	// (eth0 is gone while the function is unbound).
+	if err := guestExec(p, "echo "+pci+" >/run/eth0-pci; ip -4 -o addr show eth0 | awk '{print $4}' >/run/eth0-addr; "+unbind); err != nil {
+		t.Fatalf("the primary's guest agent: %v", err)
 	}
-	t.Logf("the secondary's NIC was disabled while the primary's was not in %d samples; the last %d in a row; %d checkpoints during the last such time before it ended", diverged, stale, spanned)
-	// No more rounds: a later unbinding and binding on the side that goes live would turn its NIC
-	// on again, whatever the checkpoints left.
-	if out, err := c.debian.ssh(c.client, c.vmAddr, "sudo touch /run/stop-unbinding").CombinedOutput(); err != nil {
-		t.Fatalf("stopping the rounds: %v\n%s", err, out)
+	if !waitNIC(t, s, true, 30*time.Second) {
+		c.dump()
+		t.Fatal("no checkpoint carried the primary's disabled NIC to the secondary in 30 s")
 	}
-	time.Sleep(5 * time.Second) // the round under way ends
+	if err := guestExec(p, "cat /run/eth0-pci >/sys/bus/pci/drivers/virtio-pci/bind; sleep 1; ip addr add $(cat /run/eth0-addr) dev eth0; ip link set eth0 up"); err != nil {
+		t.Fatalf("the primary's guest agent: %v", err)
+	}
+	if !waitNIC(t, p, false, 10*time.Second) {
+		t.Fatal("the primary's NIC is still disabled 10 s after its guest bound it again")
+	}
+	c.nicEnabledAfterCheckpoint(s, c.checkpointCount(), "after the primary's guest alone bound it again")
 	for range 3 {
-		cl.next("the primary serves with its NIC bound", time.Minute)
+		cl.next("the primary serves with its NIC bound again", time.Minute)
 	}
 	killed := time.Now()
 	p.killQEMU()
-	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU after the guests unbound and bound their NICs")
+	failedOver(t, c, cl, p, s, killed, "kill -9 of the primary QEMU after each side's guest unbound its NIC")
 	c.waitState(p, failover.Fenced, 10*time.Second)
+}
+
+// guestExec has the guest agent of m's side (through m's own libvirt) start script in the guest,
+// as root, and returns without waiting for it.
+func guestExec(m *member, script string) error {
+	arg, err := json.Marshal(map[string]any{"execute": "guest-exec",
+		"arguments": map[string]any{"path": "/bin/sh", "arg": []string{"-c", script}}})
+	if err != nil {
+		return err
+	}
+	out, err := m.lv.Virsh("qemu-agent-command", "--timeout", "10", domainName(m), string(arg))
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
+}
+
+// waitNIC waits up to limit for m's NIC to be disabled (or enabled), and says whether it is.
+func waitNIC(t testing.TB, m *member, disabled bool, limit time.Duration) bool {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if nicDisabled(t, m) == disabled {
+			return true
+		}
+	}
+	return false
+}
+
+// nicEnabledAfterCheckpoint checks that the secondary s's NIC is enabled once a checkpoint later
+// than the from-th has loaded the primary's enabled device into it.
+func (c *cluster) nicEnabledAfterCheckpoint(s *member, from int, what string) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.checkpointCount() <= from || nicDisabled(c.t, s) {
+		if time.Now().After(deadline) {
+			c.dump()
+			c.t.Fatalf("%s: the secondary's NIC is still disabled %d checkpoints later, while the primary's is enabled", what, c.checkpointCount()-from)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Logf("%s: the secondary's NIC was enabled again by checkpoint %d", what, c.checkpointCount())
 }
 
 // libvirtNIC is the QOM path of the virtio device of the member's NIC on the libvirt stack (the
