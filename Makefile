@@ -19,6 +19,8 @@ KUSTOMIZE := $(BIN)/kustomize
 HELM := $(BIN)/helm
 PROMTOOL := $(BIN)/promtool
 IMG ?= ghcr.io/lockstep-dev/lockstep-operator:dev
+# QEMU_IMG is lockstep's QEMU, which members' launchers mount (config/kubevirt).
+QEMU_IMG ?= ghcr.io/lockstep-dev/lockstep-qemu:dev
 
 .PHONY: all
 all: build
@@ -83,7 +85,7 @@ test: verify vet lint test-unit test-rules test-images test-envtest test-install
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/...
+	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/... ./test/imagevolume/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -118,8 +120,9 @@ test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real Q
 	hack/gotest.sh vm -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
 
 .PHONY: libvirt-assets
-libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the packages are cached under ~/.cache/lockstep/libvirt).
+libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the packages are cached under ~/.cache/lockstep/libvirt), and lockstep's QEMU image's files, which the libvirt stack's launchers mount (hack/qemu-image.sh).
 	hack/libvirt.sh >/dev/null
+	hack/qemu-image.sh >/dev/null
 
 .PHONY: test-libvirt
 test-libvirt: vm-assets libvirt-assets debian-guest-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
@@ -198,15 +201,20 @@ build: ## Build the binaries into bin/ (and the KubeVirt test double of the loca
 
 IMAGE_BINARIES := lockstep-operator lockstepd lockstep-kubevirt-hook
 
-.PHONY: images
-images: ## The image (operator, lockstepd, hook; non-root, no base image) as an OCI archive, bin/images/lockstep.oci.tar, built with no container daemon (hack/imagebuild).
+.PHONY: images image qemu-image
+images: image qemu-image ## Both images as OCI archives, built with no container daemon (hack/imagebuild): `image` and `qemu-image`.
+
+image: ## lockstep's image (the operator, lockstepd and the hook; non-root, no base image): bin/images/lockstep.oci.tar. Needs only Go.
 	@mkdir -p $(BIN)/image
 	for b in $(IMAGE_BINARIES); do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -buildid=" -o $(BIN)/image/$$b ./cmd/$$b; done
 	go run ./hack/imagebuild -bin $(BIN)/image -out $(BIN)/images/lockstep.oci.tar -ref $(IMG)
 
+qemu-image: ## lockstep's QEMU for members' launchers (hack/qemu-image.sh: the patched QEMU with its libraries and firmware from pinned Debian packages): bin/images/lockstep-qemu.oci.tar. Needs Debian 12's apt and root (the QEMU build, about 4 minutes cold; patchelf).
+	hack/qemu-image.sh --oci $(BIN)/images/lockstep-qemu.oci.tar $(QEMU_IMG) >/dev/null
+
 .PHONY: test-images
-test-images: images ## The image: its user, entrypoint and binaries, each run from the image's layer.
+test-images: images ## The images: their users, entrypoints and digests; lockstep's binaries run from its layer, and its QEMU from an otherwise empty root, as uid 107 (needs root).
 	hack/gotest.sh images -count=1 -v ./test/images/...
 
 .PHONY: run

@@ -12,9 +12,10 @@
 # <cluster>_sw joins) running lockstepd as its DaemonSet would (config/lockstepd, the real binary,
 # its pod's token, its certificate from the operator's signer); the operator runs with --colo; and
 # the KubeVirt double boots each member VMI on its node's host through lockstep's KubeVirt hook and
-# a libvirt daemon of its own, with real QEMU and the Debian guest booting from its disk
-# (hack/qemu.sh, hack/debian-guest.sh, hack/libvirt.sh). A client namespace <cluster>_client is on
-# the VM network at 10.214.0.1.
+# a libvirt daemon of its own, following its launcher pod as config/kubevirt's policies admitted it
+# (the member directory, and lockstep's QEMU image, hack/qemu-image.sh, pulled from an OCI archive
+# under bin/local-cluster/), with the Debian guest booting from its disk (hack/debian-guest.sh,
+# hack/libvirt.sh). A client namespace <cluster>_client is on the VM network at 10.214.0.1.
 #
 #   hack/local-cluster.sh up [NODES]        start (idempotent) with NODES nodes (default 6)
 #   hack/local-cluster.sh down              stop and remove everything (idempotent)
@@ -62,6 +63,7 @@ CLUSTER_DIR="$KWOK_WORKDIR/clusters/$NAME"
 KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig.yaml"
 RUN_DIR="$CLUSTER_DIR/lockstep" # pid files, logs and the operator's kubeconfig
 HOSTS_DIR="/run/lockstep-hosts/$NAME" # FULL_STACK: the hosts' directories (short: socket paths)
+QEMU_ARCHIVE="$ROOT/bin/local-cluster/$NAME/lockstep-qemu.oci.tar" # FULL_STACK: the image config/kubevirt mounts, which the double pulls
 K8S="$ROOT/bin/k8s"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
@@ -85,7 +87,10 @@ up() {
     go build -o bin/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double)
   if full_stack; then
     [ "$(id -u)" = 0 ] || { echo "FULL_STACK=1 needs root (network namespaces, QEMU, libvirtd)" >&2; exit 1; }
-    "$ROOT/hack/qemu.sh" >/dev/null
+    # lockstep's QEMU, as the image that config/kubevirt mounts into members' launcher pods, under
+    # the reference the policy names; the double pulls it from this archive.
+    mkdir -p "$(dirname "$QEMU_ARCHIVE")"
+    "$ROOT/hack/qemu-image.sh" --oci "$QEMU_ARCHIVE" "$(qemu_image_ref)" >/dev/null
     "$ROOT/hack/debian-guest.sh" >/dev/null
     "$ROOT/hack/libvirt.sh" >/dev/null
     (cd "$ROOT" && go build -o bin/lockstepd ./cmd/lockstepd &&
@@ -128,7 +133,12 @@ install() {
     "$ROOT/bin/kustomize" build "$ROOT/config/local" | kubectl apply --server-side --force-conflicts -f - >/dev/null
   fi
   if full_stack; then
-    "$ROOT/bin/kustomize" build "$ROOT/config/lockstepd" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+    # lockstepd, and what members' launcher pods get: the member directory and lockstep's QEMU.
+    local c
+    for c in lockstepd kubevirt; do
+      "$ROOT/bin/kustomize" build "$ROOT/config/$c" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+    done
+    wait_launcher_policies
   fi
   kubectl wait --for condition=Established --timeout 60s crd --all >/dev/null
 }
@@ -192,6 +202,35 @@ EOF
 }
 
 # start NAME: start a process (idempotent), detached from the caller, logging into RUN_DIR.
+# qemu_image_ref: the image that config/kubevirt's policy mounts into members' launcher pods.
+qemu_image_ref() {
+  sed -n 's/.*image: Object.spec.volumes.image{reference: "\([^"]*\)".*/\1/p' "$ROOT/config/kubevirt/member-qemu-policy.yaml"
+}
+
+# wait_launcher_policies: a MutatingAdmissionPolicy is in force a moment after it is created; the
+# launcher pod of a member created before then would get neither its directory nor lockstep's
+# QEMU. A server-side dry run of a member's launcher pod shows when both are.
+wait_launcher_policies() {
+  local i vols
+  for i in $(seq 1 60); do
+    vols=" $(kubectl create --dry-run=server -o jsonpath='{.spec.volumes[*].name}' -f - 2>/dev/null <<POD || true
+apiVersion: v1
+kind: Pod
+metadata:
+  namespace: default
+  generateName: virt-launcher-policy-check-
+  labels: {kubevirt.io: virt-launcher, ft.lockstep.dev/pair: policy-check, kubevirt.io/created-by: policy-check}
+spec:
+  containers: [{name: compute, image: virt-launcher}]
+POD
+) "
+    if [[ "$vols" == *" lockstep-member "* && "$vols" == *" lockstep-qemu "* ]]; then return 0; fi
+    sleep 0.5
+  done
+  echo ">> the launcher pod policies of config/kubevirt are not in force after 30 s" >&2
+  return 1
+}
+
 start() {
   mkdir -p "$RUN_DIR"
   if running "$1"; then return 0; fi
@@ -215,7 +254,8 @@ start() {
       cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")
       if full_stack; then
         cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd"
-          --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")")
+          --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")"
+          --images "$QEMU_ARCHIVE")
       fi ;;
     *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
   esac

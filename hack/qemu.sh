@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's eight patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's nine patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
@@ -19,7 +19,8 @@
 #   hack/qemu.sh                      -> prints the install prefix (bin/qemu-system-x86_64, share/qemu)
 #   hack/qemu.sh --source DIR         -> only fetches, checks and patches the source into DIR
 #   hack/qemu.sh --configure-options  -> prints the configure options
-# (the last two are for builds elsewhere: hack/virt-launcher/Dockerfile).
+# (the last two are for builds elsewhere). hack/qemu-image.sh makes the build the image that
+# members' launchers mount.
 #
 # The build is cached under ~/.cache/lockstep/qemu/<version>-<patch hash>/ and linked at
 # bin/qemu; a rerun is instant. Build dependencies come from Debian's packages (apt-get) when they
@@ -41,8 +42,11 @@ CONFIGURE=(--target-list=x86_64-softmmu --enable-tcg --enable-replication --enab
   --disable-werror --disable-docs --disable-gtk --disable-sdl --disable-opengl
   --disable-spice --disable-curl --disable-libusb --disable-usb-redir --disable-xen
   --disable-capstone --disable-slirp --disable-guest-agent --disable-rust --disable-install-blobs)
-# The cache key covers the version, the patch and the configuration.
-ID="$QEMU_DEB_VERSION-$( (cat "${PATCHES[@]}"; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
+# The cache key covers the version, the patches' diffs (not their messages) and the configuration.
+for p in "${PATCHES[@]}"; do
+  grep -q '^--- a/' "$p" || { echo "qemu.sh: $p has no diff (no '--- a/' line)" >&2; exit 1; }
+done
+ID="$QEMU_DEB_VERSION-$( (for p in "${PATCHES[@]}"; do sed -n '/^--- a\//,$p' "$p"; done; echo "${CONFIGURE[*]}") | sha256sum | cut -c1-12)"
 PREFIX="$CACHE/$ID"
 
 # fetch_source DIR: Debian's source package, checked against the pinned .dsc, with Debian's
@@ -71,7 +75,12 @@ case "${1:-}" in
 esac
 
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
-  deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev ninja-build pkg-config python3 python3-venv flex bison dpkg-dev xz-utils curl)
+  # QEMU's configure enables what it finds: these are every library the build links (VNC's TLS,
+  # PNG and JPEG; curses; bzip2), so that a cold machine builds the QEMU this one does, and the
+  # image's pins (hack/qemu-image/packages) hold what it loads. A library added here needs its
+  # runtime package pinned there.
+  deps=(libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev libgnutls28-dev libpng-dev libjpeg62-turbo-dev
+    libbz2-dev libncurses-dev ninja-build pkg-config python3 python3-venv flex bison dpkg-dev xz-utils curl)
   missing=()
   for d in "${deps[@]}"; do dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q 'install ok installed' || missing+=("$d"); done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -90,14 +99,8 @@ if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then
   ninja install >&2
   cd / && rm -rf "$work"
 fi
-# unpack_debs DIR PKG=VERSION...: Debian's packages, downloaded and unpacked into DIR/x.
-unpack_debs() {
-  local dir="$1"
-  shift
-  chmod 777 "$dir" # apt-get download writes as _apt when it can
-  (cd "$dir" && { apt-get download "$@" >&2 || { apt-get update >&2 && apt-get download "$@" >&2; }; })
-  for deb in "$dir"/*.deb; do dpkg-deb -x "$deb" "$dir/x"; done
-}
+# shellcheck source=hack/debs.sh
+source "$ROOT/hack/debs.sh"
 # Firmware: the dfsg source carries no prebuilt ROMs, so take Debian's (SeaBIOS, and the option
 # ROMs of qemu-system-data such as linuxboot_dma.bin for -kernel). Run QEMU with
 # -L $PREFIX/firmware/qemu -L $PREFIX/firmware/seabios.
@@ -105,13 +108,18 @@ SEABIOS_VERSION="${SEABIOS_VERSION:-1.16.2-1}"
 # The option ROMs come from Debian 12's qemu-system-data: the firmware interface they use
 # (fw_cfg) is stable, and Debian 12's apt reaches no newer one.
 QEMU_DATA_VERSION="${QEMU_DATA_VERSION:-1:7.2+dfsg-7+deb12u18}"
-if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ]; then
+if [ ! -f "$PREFIX/firmware/seabios/bios-256k.bin" ] || [ ! -f "$PREFIX/firmware/doc/seabios/copyright" ]; then
   fw="$(mktemp -d)"
   unpack_debs "$fw" "seabios=$SEABIOS_VERSION" "qemu-system-data=$QEMU_DATA_VERSION"
   mkdir -p "$PREFIX/firmware"
   rm -rf "$PREFIX/firmware/seabios" "$PREFIX/firmware/qemu"
   cp -rL "$fw/x/usr/share/seabios" "$PREFIX/firmware/seabios"
   cp -r "$fw/x/usr/share/qemu" "$PREFIX/firmware/qemu"
+  # Their licences, for what carries them (hack/qemu-image.sh).
+  for pkg in seabios qemu-system-data; do
+    mkdir -p "$PREFIX/firmware/doc/$pkg"
+    cp "$fw/x/usr/share/doc/$pkg/copyright" "$PREFIX/firmware/doc/$pkg/"
+  done
   rm -rf "$fw"
 fi
 # OVMF, for guests that boot with EFI: Debian 12's build, whose file names are those KubeVirt's

@@ -21,11 +21,11 @@ func main() {
 	flag.StringVar(&sidecar, "sidecar-socket", "/var/run/kubevirt-hooks/lockstep.sock", "Socket of the hook sidecar protocol, in the directory virt-launcher scans (empty: do not serve it).")
 	flag.StringVar(&plugin, "plugin-socket", "", "Socket of the Plugins API's domain hook, the one the Plugin resource names, e.g. /var/run/kubevirt-plugin/lockstep/hook.sock (empty: do not serve it).")
 	flag.StringVar(&h.RunDir, "run-dir", "/var/run/lockstep", "The members' directories (<run-dir>/<vmi-uid>) as QEMU sees them; lockstepd's --run-dir on the node.")
-	flag.StringVar(&h.Emulator, "emulator", "", "QEMU binary of the members, in place of the launcher's own (lockstep's QEMU in the launcher image, e.g. /usr/local/lockstep/bin/qemu-system-x86_64); empty: the launcher's.")
+	flag.StringVar(&h.Emulator, "emulator", kubevirthook.LockstepQEMU, "QEMU binary of the members, in place of the launcher's own: lockstep's QEMU, from the image that config/kubevirt mounts into members' launcher pods. Empty: the launcher's own (only for a launcher whose QEMU runs lockstep's COLO).")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(os.Stderr, "lockstep-kubevirt-hook: serving sidecar %q plugin %q, run dir %s\n", sidecar, plugin, h.RunDir)
+	fmt.Fprintf(os.Stderr, "lockstep-kubevirt-hook: serving sidecar %q plugin %q, run dir %s, members' emulator %q\n", sidecar, plugin, h.RunDir, h.Emulator)
 	if err := kubevirthook.Serve(ctx, &h, sidecar, plugin); err != nil {
 		fmt.Fprintf(os.Stderr, "lockstep-kubevirt-hook: %v\n", err)
 		os.Exit(1)

@@ -39,8 +39,8 @@ type Member struct {
 	Sockets colo.Sockets
 	// Disks are the disks to replicate, in the VMI's order: every persistent disk of the VM.
 	Disks []ReplicatedDisk
-	// Emulator, when set, replaces the domain's QEMU binary: a launcher image that carries
-	// lockstep's QEMU beside its own (hack/virt-launcher).
+	// Emulator, when set, replaces the domain's QEMU binary: lockstep's QEMU, which the member's
+	// launcher has from lockstep's QEMU image.
 	Emulator string
 }
 

@@ -21,11 +21,21 @@ import (
 // Name is the hook's name in KubeVirt's handshake.
 const Name = "lockstep"
 
+// LockstepQEMUMount is where a member's compute container has lockstep's QEMU image
+// (hack/qemu-image.sh): config/kubevirt's member-qemu policy mounts it there, in the launcher pod
+// of every member and of members only, and the image's binary loads its own loader, libraries and
+// firmware from there, whatever the launcher's root holds.
+const LockstepQEMUMount = "/usr/local/lockstep"
+
+// LockstepQEMU is the image's QEMU, which the hook names as each member's emulator.
+const LockstepQEMU = LockstepQEMUMount + "/bin/qemu-system-x86_64"
+
 // Hook mutates the domains of FT members.
 type Hook struct {
 	// RunDir is where the members' directories are, as QEMU sees them: <run-dir>/<vmi-uid>.
 	RunDir string
-	// Emulator, when set, is the QEMU binary members run (lockstep's, in the launcher image).
+	// Emulator, when set, is the QEMU binary members run in place of the launcher's own
+	// (LockstepQEMU, lockstep-kubevirt-hook's default).
 	Emulator string
 }
 

@@ -22,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/internal/scheme"
@@ -66,6 +67,29 @@ func Apply(tb testing.TB, c client.Client, path string) {
 		if err := c.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("lockstep-test"), client.ForceOwnership); err != nil {
 			tb.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
 		}
+	}
+}
+
+// ApplyKustomization applies the resources that a kustomization.yaml lists (dir's; plain
+// resources, no patches or generators), so that a file added to it is applied too.
+func ApplyKustomization(tb testing.TB, c client.Client, dir string) {
+	tb.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var k struct {
+		Resources []string `json:"resources"`
+		Patches   []any    `json:"patches"`
+	}
+	if err := sigsyaml.Unmarshal(data, &k); err != nil {
+		tb.Fatalf("%s: %v", dir, err)
+	}
+	if len(k.Patches) > 0 || len(k.Resources) == 0 {
+		tb.Fatalf("%s: ApplyKustomization takes a kustomization of plain resources", dir)
+	}
+	for _, r := range k.Resources {
+		Apply(tb, c, filepath.Join(dir, r))
 	}
 }
 

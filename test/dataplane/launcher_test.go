@@ -18,19 +18,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/kubevirthook"
 	"github.com/lockstep-dev/lockstep/test/apitest"
 )
 
-// TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook applies config/kubevirt and
-// config/kubevirt-plugin to the real API
-// server and creates launcher pods as KubeVirt would: a member's gets the node's member
-// directory at the same path in its compute container, and the hook as the Plugin's sidecar
-// (with equal requests and limits, so the pod keeps its Guaranteed QoS); a plain VM's launcher
-// pod is left as it is. The Plugin resource validates against KubeVirt v1.9's schema.
-func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
+// TestLauncherPodsOfMembersGetTheirDirectoryQEMUAndHook applies config/kubevirt and
+// config/kubevirt-plugin to the real API server and creates launcher pods as KubeVirt would: a
+// member's gets the node's member directory at the same path in its compute container,
+// lockstep's QEMU image read-only where the hook names the emulator, and the hook as the Plugin's
+// sidecar (with equal requests and limits, so the pod keeps its Guaranteed QoS); a plain VM's
+// launcher pod is left as it is. The Plugin resource validates against KubeVirt v1.9's schema.
+func TestLauncherPodsOfMembersGetTheirDirectoryQEMUAndHook(t *testing.T) {
 	ctx := context.Background()
-	for _, f := range []string{"kubevirt/member-directory-policy.yaml", "kubevirt-plugin/plugin.yaml"} {
-		apitest.Apply(t, k8s, filepath.Join(root, "config", f))
+	for _, k := range []string{"kubevirt", "kubevirt-plugin"} {
+		apitest.ApplyKustomization(t, k8s, filepath.Join(root, "config", k))
 	}
 	plugin := &unstructured.Unstructured{}
 	plugin.SetGroupVersionKind(schema.GroupVersionKind{Group: "plugin.kubevirt.io", Version: "v1alpha1", Kind: "Plugin"})
@@ -61,7 +62,7 @@ func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
 		if err := k8s.Create(ctx, pod, client.DryRunAll); err != nil {
 			t.Fatal(err)
 		}
-		if len(pod.Spec.Containers) > 1 && len(pod.Spec.Volumes) > 1 {
+		if len(pod.Spec.Containers) > 1 && len(pod.Spec.Volumes) > 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -72,17 +73,33 @@ func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
 
 	dir := "/var/run/lockstep/" + uid
 	var hostPath *corev1.HostPathVolumeSource
+	var qemu *corev1.ImageVolumeSource
 	for _, v := range pod.Spec.Volumes {
-		if v.Name == "lockstep-member" {
+		switch v.Name {
+		case "lockstep-member":
 			hostPath = v.HostPath
+		case "lockstep-qemu":
+			qemu = v.Image
 		}
 	}
 	if hostPath == nil || hostPath.Path != dir || hostPath.Type == nil || *hostPath.Type != corev1.HostPathDirectory {
 		t.Errorf("the member directory volume: %+v", hostPath)
 	}
+	if qemu == nil || qemu.Reference != "ghcr.io/lockstep-dev/lockstep-qemu:dev" || qemu.PullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("lockstep's QEMU image volume: %+v", qemu)
+	}
 	mounted := func(c corev1.Container, path, subPath string) bool {
 		for _, m := range c.VolumeMounts {
 			if m.MountPath == path && m.SubPath == subPath {
+				return true
+			}
+		}
+		return false
+	}
+	// lockstep's QEMU, read-only, where the hook names the members' emulator.
+	qemuMounted := func(c *corev1.Container) bool {
+		for _, m := range c.VolumeMounts {
+			if m.Name == "lockstep-qemu" && m.ReadOnly && m.MountPath == kubevirthook.LockstepQEMUMount {
 				return true
 			}
 		}
@@ -99,6 +116,9 @@ func TestLauncherPodsOfMembersGetTheirDirectoryAndTheHook(t *testing.T) {
 	}
 	if compute == nil || !mounted(*compute, dir, "") {
 		t.Errorf("the compute container does not mount %s: %+v", dir, compute)
+	}
+	if compute == nil || !qemuMounted(compute) {
+		t.Errorf("the compute container does not mount lockstep's QEMU read-only where the hook names it (%s): %+v", kubevirthook.LockstepQEMU, compute)
 	}
 	if hook == nil || !mounted(*hook, "/var/run/kubevirt-plugin/lockstep", "lockstep") ||
 		!strings.Contains(strings.Join(hook.Args, " "), "--plugin-socket=/var/run/kubevirt-plugin/lockstep/hook.sock") ||

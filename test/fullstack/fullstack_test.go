@@ -71,6 +71,9 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		Expect(f.Status.LogBandwidth.Value()).To(BeNumerically(">", 0), "checkpoints carry the guest's memory")
 		cols := kubectl("get", "ftvm", ftvmName, "--no-headers")
 		Expect(strings.Fields(cols)).To(HaveLen(7), "NAME STATE PRIMARY SECONDARY INTERVAL BANDWIDTH AGE, all filled: %q", cols)
+		By("both members run lockstep's QEMU from the image their launcher pods mount")
+		expectLockstepQEMU(f.Status.Primary.VMI)
+		expectLockstepQEMU(f.Status.Secondary.VMI)
 
 		// Protection starts with the guest's boot (the secondary follows it), and the Debian guest
 		// takes a minute or two under TCG to start its services.

@@ -1,7 +1,8 @@
-// Package images tests the image that `make images` builds (bin/images/lockstep.oci.tar): an OCI
-// archive whose one image runs as the non-root user with the operator as its entrypoint, and whose
-// binaries run. It reads the archive as a container runtime would (its index, manifest, config
-// and layer), with no container daemon.
+// Package images tests the images that `make images` builds: lockstep's
+// (bin/images/lockstep.oci.tar), an OCI archive whose one image runs as the non-root user with
+// the operator as its entrypoint, and whose binaries run; and lockstep's QEMU
+// (bin/images/lockstep-qemu.oci.tar, qemu_test.go). It reads each archive as a container runtime
+// would (its index, manifest, config and layer), with no container daemon.
 package images
 
 import (
@@ -98,22 +99,25 @@ func TestImageIsReproducible(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	digest := func(path string) string {
-		dir := t.TempDir()
-		untar(t, path, dir, nil)
-		idx, err := layout.ImageIndexFromPath(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		im, err := idx.IndexManifest()
-		if err != nil || len(im.Manifests) != 1 {
-			t.Fatalf("%v %v", im, err)
-		}
-		return im.Manifests[0].Digest.String()
-	}
-	if a, b := digest(archive), digest(again); a != b {
+	if a, b := indexDigest(t, archive), indexDigest(t, again); a != b {
 		t.Fatalf("two builds of the same binaries: %s and %s", a, b)
 	}
+}
+
+// indexDigest is the digest of the one image of an OCI archive.
+func indexDigest(t *testing.T, path string) string {
+	t.Helper()
+	dir := t.TempDir()
+	untar(t, path, dir, nil)
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("%v %v", im, err)
+	}
+	return im.Manifests[0].Digest.String()
 }
 
 func untar(t *testing.T, path, dir string, modes map[string]int64) {

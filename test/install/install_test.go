@@ -140,6 +140,22 @@ func TestChartAppliesWithNonDefaultValues(t *testing.T) {
 			t.Errorf("a %s without cert-manager", k)
 		}
 	}
+	// The members' QEMU is the image the values name, pulled as they say.
+	found := false
+	for _, u := range objs {
+		if u.GetKind() == "MutatingAdmissionPolicy" && u.GetName() == "lockstep-member-qemu" {
+			found = true
+			policy := string(must(u.MarshalJSON()))
+			for _, want := range []string{`registry.example.com/ft/lockstep-qemu@sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210`, `pullPolicy: \"Always\"`} {
+				if !strings.Contains(policy, want) {
+					t.Errorf("the member-qemu policy lacks %s: %s", want, policy)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no member-qemu policy")
+	}
 }
 
 func TestKustomizeInstallApplies(t *testing.T) {

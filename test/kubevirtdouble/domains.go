@@ -8,15 +8,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/test/imagevolume"
 	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
 
@@ -28,6 +29,10 @@ import (
 // What KubeVirt would take from the VMI, it takes from the VMI: the domain name, the firmware
 // UUID, the NIC's MAC, the guest's memory and vCPUs, the disks in their order, the NoCloud ISO
 // (written from the cloudInitNoCloud volume, as the launcher writes it), startStrategy Paused.
+// What the kubelet would take from the launcher pod, it takes from the pod, as the API server
+// admitted it (config/kubevirt's policies): the compute container's hostPath volumes, which hold
+// the launch until they exist on the node, and its image volumes, pulled from Images and
+// mounted where the pod says (lockstep's QEMU).
 // A claim's disk is an image under Storage, kept across hosts, as network storage would keep it:
 // a new claim of the user's that is the VMI's first claim starts as the guest's image, as a
 // DataVolume imports one; any other starts blank, as a blank DataVolume or a new PVC does; each
@@ -35,9 +40,11 @@ import (
 // deleted.
 type Domains struct {
 	Hosts *Hosts
-	// QEMU and Guest are hack/qemu.sh's and hack/debian-guest.sh's directories; Hook the hook
-	// binary.
+	// QEMU and Guest are hack/qemu.sh's and hack/debian-guest.sh's directories (the launcher
+	// image's OVMF, and the guest's image); Hook the hook binary.
 	QEMU, Guest, Hook string
+	// Images are what the launcher pods' image volumes name, as a registry serves them.
+	Images *imagevolume.Registry
 	// Storage holds the claims' images (<namespace>/<claim>.img).
 	Storage string
 	// Changed receives the VMIs whose domain changed state.
@@ -77,9 +84,10 @@ type domain struct {
 	gone     bool // destroyed or killed: the launch, if still going, undoes itself
 }
 
-// State is the domain of vmi on node; a VMI that has none yet is launched.
-func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, node string) (DomainState, string) {
-	ho := d.Hosts.Host(node)
+// State is the domain of vmi on the node its launcher pod is bound to; a VMI that has none yet is
+// launched there, from the pod.
+func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (DomainState, string) {
+	ho := d.Hosts.Host(pod.Spec.NodeName)
 	if ho == nil {
 		return HostDown, "the node's host is down"
 	}
@@ -108,7 +116,7 @@ func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, node string) (Domain
 		ho.mu.Lock()
 		ho.domains[vmi.UID] = dom
 		ho.mu.Unlock()
-		go d.launch(dom, vmi.DeepCopy())
+		go d.launch(dom, vmi.DeepCopy(), pod.DeepCopy())
 	}
 	d.mu.Unlock()
 	dom.mu.Lock()
@@ -141,8 +149,8 @@ func (d *Domains) Console(key types.NamespacedName) string {
 	return ""
 }
 
-func (d *Domains) launch(dom *domain, vmi *virtv1.VirtualMachineInstance) {
-	l, err := d.start(dom, vmi)
+func (d *Domains) launch(dom *domain, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) {
+	l, err := d.start(dom, vmi, pod)
 	dom.mu.Lock()
 	switch {
 	case err != nil:
@@ -186,8 +194,8 @@ func (d *Domains) changed(vmi *virtv1.VirtualMachineInstance) {
 	}
 }
 
-// start launches vmi's domain on its host.
-func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtlauncher.Launched, error) {
+// start launches vmi's domain on its host, as its launcher pod says.
+func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (*virtlauncher.Launched, error) {
 	if len(vmi.Spec.Domain.Devices.Interfaces) == 0 || vmi.Spec.Domain.Devices.Interfaces[0].MacAddress == "" {
 		return nil, errors.New("the VMI has no interface with a MAC address")
 	}
@@ -202,10 +210,8 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 	if err := os.Chown(dom.dir, virtlauncher.QEMUUser.UID, virtlauncher.QEMUUser.GID); err != nil {
 		return nil, err
 	}
-	// The member's directory, which config/kubevirt mounts into the launcher pod: a hostPath of
-	// type Directory, which lockstepd makes for QEMU's user; the kubelet starts the pod only once
-	// it is there.
-	if err := waitForDir(filepath.Join(dom.host.RunDir, string(vmi.UID)), 2*time.Minute); err != nil {
+	mounts, err := d.computeMounts(dom.host, pod)
+	if err != nil {
 		return nil, err
 	}
 	disks, err := d.disks(dom, vmi)
@@ -222,31 +228,18 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance) (*virtl
 		uuid = string(fw.UUID)
 	}
 	vm := colo.VM{
-		Firmware: []string{filepath.Join(d.QEMU, "firmware", "qemu"), filepath.Join(d.QEMU, "firmware", "seabios")},
 		MemoryMB: memoryMB, Tap: dom.tap, MAC: vmi.Spec.Domain.Devices.Interfaces[0].MacAddress,
 		QMP: filepath.Join(dom.dir, "launcher.qmp"), Serial: filepath.Join(dom.dir, "console"),
 	}
 	return virtlauncher.Launch(context.Background(), virtlauncher.Member{
 		VMI: vmi,
 		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid, VMIUID: string(vmi.UID),
-			Emulator: filepath.Join(d.QEMU, "bin", "qemu-system-x86_64"), VM: vm, VCPUs: member.VCPUs(&vmi.Spec),
+			VM: vm, VCPUs: member.VCPUs(&vmi.Spec),
 			Interface: vmi.Spec.Domain.Devices.Interfaces[0].Name, Disks: disks, EFI: efi(vmi)},
 		NetNS: ns, StateDir: dom.dir, HookBin: d.Hook, RunDir: dom.host.RunDir, Log: dom.dir,
 		Paused: vmi.Spec.StartStrategy != nil && *vmi.Spec.StartStrategy == virtv1.StartStrategyPaused,
-		Shares: virtlauncher.LauncherShares(d.QEMU, d.Guest),
+		Shares: mounts,
 	})
-}
-
-// waitForDir waits until dir exists, as the kubelet retries a hostPath of type Directory.
-func waitForDir(dir string, limit time.Duration) error {
-	for deadline := time.Now().Add(limit); ; time.Sleep(200 * time.Millisecond) {
-		if st, err := os.Stat(dir); err == nil && st.IsDir() {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the member's directory %s is not there after %s: lockstepd on the node makes it", dir, limit)
-		}
-	}
 }
 
 // disks are the VMI's disks in its order, each with its image on this host, as virt-launcher

@@ -105,6 +105,20 @@ type Host struct {
 	domains   map[types.UID]*domain
 }
 
+// NodeRunDir is lockstepd's --run-dir on a node of a real cluster, the members' directories,
+// which config/kubevirt mounts into launcher pods as hostPaths under it.
+const NodeRunDir = "/var/run/lockstep"
+
+// OnHost is the directory of this host that stands for the node's path p: a member's directory
+// under NodeRunDir is under RunDir (the double's hosts share one machine, so each has its own).
+func (h *Host) OnHost(p string) (string, error) {
+	rel, err := filepath.Rel(NodeRunDir, p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("the double's hosts have no node path %s (only %s)", p, NodeRunDir)
+	}
+	return filepath.Join(h.RunDir, rel), nil
+}
+
 // SwitchNS and ClientNS are the shared namespaces' names.
 func (h *Hosts) SwitchNS() string { return SwitchNS(h.Cluster) }
 func (h *Hosts) ClientNS() string { return ClientNS(h.Cluster) }

@@ -167,7 +167,7 @@ func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 	phase, ready := Mirror(pod)
 	if l.Domains != nil && vmi.Labels[ftv1.LabelPair] != "" && pod != nil && pod.Spec.NodeName != "" && pod.DeletionTimestamp == nil &&
 		(phase == virtv1.Running || phase == virtv1.Scheduled) {
-		state, why := l.Domains.State(vmi, pod.Spec.NodeName)
+		state, why := l.Domains.State(vmi, pod)
 		switch state {
 		case HostDown:
 			// Nothing on a dead host reports: the VMI stays as it was, until its host is up.

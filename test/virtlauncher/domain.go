@@ -16,10 +16,9 @@ type DomainSpec struct {
 	// UUID is the VMI's firmware UUID (the same on both members); VMIUID the VMI's UID, which
 	// names the launcher's directory of the VNC and console sockets.
 	UUID, VMIUID string
-	// Emulator is the QEMU binary.
-	Emulator string
-	// VM is the guest: firmware, kernel, memory, the NIC's tap and MAC, the console file, and
-	// the launcher's own monitor (QMP; none when empty).
+	// VM is the guest: kernel, memory, the NIC's tap and MAC, the console file, and the
+	// launcher's own monitor (QMP; none when empty). Its firmware directories are not used: the
+	// members' QEMU (lockstep's image) has its firmware beside its binary.
 	VM colo.VM
 	// VCPUs is the guest's vCPUs (cores of one socket, as a template with cpu.cores has them);
 	// 0 is 1.
@@ -177,8 +176,6 @@ func KubeVirtDomain(s DomainSpec) *libvirtxml.Domain {
 //   - the CPU is a named model (qemu64), not host-model, which TCG cannot offer;
 //   - TCG's translation cache, which KVM does not have, is capped at tcgCacheMiB, which the
 //     launcher's memory cgroup adds to KubeVirt's limit;
-//   - lockstep's QEMU is the emulator, and its firmware directories (SeaBIOS, the VGA and option
-//     ROMs) are given with -L, as a launcher image that carries it would install them;
 //   - the busybox counter guest, which has no boot loader, boots from its kernel and initramfs,
 //     with its address on the kernel command line (the Debian guest boots from its disk, as
 //     KubeVirt's domain has it, and takes its address from the NoCloud ISO);
@@ -195,12 +192,8 @@ func forThisMachine(d *libvirtxml.Domain, s DomainSpec) *libvirtxml.Domain {
 	d.CPU.Mode, d.CPU.Match, d.CPU.Check = "custom", "exact", "none"
 	d.CPU.Model = &libvirtxml.DomainCPUModel{Fallback: "forbid", Value: "qemu64"}
 	d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: tcgCacheMiB}}
-	d.Devices.Emulator = s.Emulator
 	d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline = s.VM.Kernel, s.VM.Initrd, s.VM.Append
 	var extra []string
-	for _, l := range s.VM.Firmware {
-		extra = append(extra, "-L", l)
-	}
 	if s.VM.QMP != "" {
 		extra = append(extra, "-qmp", "unix:"+s.VM.QMP+",server=on,wait=off")
 	}

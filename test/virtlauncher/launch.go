@@ -13,6 +13,8 @@ import (
 	"time"
 
 	virtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/lockstep-dev/lockstep/internal/kubevirthook"
 )
 
 // Member is what virt-launcher has of a member VMI when it starts its domain.
@@ -31,17 +33,23 @@ type Member struct {
 	// for its primary's state, and libvirt must not resume it).
 	Paused bool
 	// Shares are host directories the domain's QEMU reads (path in the launcher -> host
-	// directory): lockstep's QEMU and the test guest, as a launcher image would carry them. The
-	// domain's emulator, firmware and kernel paths under them are given as the launcher sees them.
+	// directory): what the launcher image carries (LauncherShares), and what the launcher pod
+	// mounts, such as lockstep's QEMU image at /usr/local/lockstep. The domain's kernel paths
+	// under them are given as the launcher sees them.
 	Shares map[string]string
 }
 
-// LauncherShares are the host directories a launcher image would carry, at its paths: lockstep's
-// QEMU (hack/qemu.sh's directory) at /usr/local/lockstep, its OVMF where KubeVirt's image has
-// OVMF, and the test guest at /usr/local/lockstep-guest.
+// LauncherShares are the host directories that stand for files of KubeVirt's launcher image, at
+// its paths: OVMF (hack/qemu.sh's, Debian's) where KubeVirt's image has OVMF, and the test guest
+// (the busybox guest's kernel) at /usr/local/lockstep-guest. lockstep's QEMU is not among them:
+// the launcher pod mounts it (QEMUImageMount).
 func LauncherShares(qemu, guest string) map[string]string {
-	return map[string]string{"/usr/local/lockstep": qemu, ovmfDir: filepath.Join(qemu, "firmware", "ovmf"), "/usr/local/lockstep-guest": guest}
+	return map[string]string{ovmfDir: filepath.Join(qemu, "firmware", "ovmf"), "/usr/local/lockstep-guest": guest}
 }
+
+// QEMUImageMount is where a member's launcher pod mounts lockstep's QEMU image
+// (config/kubevirt/member-qemu-policy.yaml), under which the hook names the emulator.
+const QEMUImageMount = kubevirthook.LockstepQEMUMount
 
 // inLauncher is path as the launcher sees it: under the share whose host directory holds it.
 func (m Member) inLauncher(path string) string {
@@ -83,11 +91,7 @@ func Launch(ctx context.Context, m Member) (_ *Launched, err error) {
 		return nil, err
 	}
 	spec := m.Domain
-	spec.Emulator, spec.VM.Kernel, spec.VM.Initrd = m.inLauncher(spec.Emulator), m.inLauncher(spec.VM.Kernel), m.inLauncher(spec.VM.Initrd)
-	spec.VM.Firmware = nil
-	for _, f := range m.Domain.VM.Firmware {
-		spec.VM.Firmware = append(spec.VM.Firmware, m.inLauncher(f))
-	}
+	spec.VM.Kernel, spec.VM.Initrd = m.inLauncher(spec.VM.Kernel), m.inLauncher(spec.VM.Initrd)
 	dom := Domain(spec)
 	vmi, err := json.Marshal(m.VMI)
 	if err != nil {

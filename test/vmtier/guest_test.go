@@ -12,6 +12,7 @@ package vmtier
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +33,11 @@ func build(t testing.TB, script string) string {
 	t.Helper()
 	out, err := exec.Command(filepath.Join(root, "hack", script)).Output()
 	if err != nil {
-		t.Fatalf("hack/%s: %v", script, err)
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("hack/%s: %v\n%s", script, err, stderr)
 	}
 	return string(regexp.MustCompile(`\s+$`).ReplaceAll(out, nil))
 }

@@ -76,6 +76,7 @@ func compareTimeout() time.Duration {
 type cluster struct {
 	t           testing.TB
 	qemu, guest string
+	qemuImage   string // hack/qemu-image.sh's directory, for the libvirt stack's launchers
 	client, sw  string
 	clientIf    string
 	vmAddr      string
@@ -668,7 +669,7 @@ func (cl *client) untilOneSideRuns(a, b *member, what string) (winner, loser *me
 }
 
 // serveFor asks twice a second for d: a VM that went live from a corrupted state fails within
-// seconds (an earlier QEMU, without hack/qemu/colo-tcg-flush-translations.patch, hung ~10 s
+// seconds (an earlier QEMU, without hack/qemu/colo-tcg-checkpoint-translations.patch, hung ~10 s
 // after going live).
 func (cl *client) serveFor(what string, d time.Duration) {
 	cl.c.t.Helper()

@@ -24,6 +24,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/kubevirthook"
 	ftmember "github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
@@ -75,7 +76,7 @@ func (c *cluster) launchLibvirt(m *member) {
 	l, err := virtlauncher.Launch(ctx, virtlauncher.Member{
 		VMI: vmi,
 		Domain: virtlauncher.DomainSpec{Name: domainName(m), UUID: firmwareUUID, VMIUID: m.spec.UID, VCPUs: c.vcpus,
-			Emulator: filepath.Join(c.qemu, "bin", "qemu-system-x86_64"), VM: m.vm, Disks: disks, Extra: extra, EFI: c.efi},
+			VM: m.vm, Disks: disks, Extra: extra, EFI: c.efi},
 		NetNS: m.node.ns, StateDir: state, HookBin: c.hookBinary(), RunDir: c.runDir, Log: m.dir,
 		Paused: !m.spec.Primary, Shares: c.launcherShares(),
 	})
@@ -97,10 +98,16 @@ func (c *cluster) launchLibvirt(m *member) {
 	go func() { <-l.Exited; close(m.exited) }()
 }
 
-// launcherShares are lockstep's QEMU, OVMF and the test guest where a launcher image would carry
-// them.
+// launcherShares are OVMF and the test guest where a launcher image would carry them, and
+// lockstep's QEMU image (hack/qemu-image.sh's files) where a member's launcher pod mounts it:
+// the hook names its binary as the emulator.
 func (c *cluster) launcherShares() map[string]string {
-	return virtlauncher.LauncherShares(c.qemu, c.guest)
+	if c.qemuImage == "" {
+		c.qemuImage = build(c.t, "qemu-image.sh")
+	}
+	shares := virtlauncher.LauncherShares(c.qemu, c.guest)
+	shares[virtlauncher.QEMUImageMount] = c.qemuImage
+	return shares
 }
 
 // hookBinary is the built cmd/lockstep-kubevirt-hook, built once for the cluster.
@@ -448,17 +455,7 @@ func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 	for _, ref := range []string{"q35-seabios.xml", "q35-ovmf.xml"} {
 		for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
 			t.Run(strings.TrimSuffix(ref, ".xml")+"/"+role, func(t *testing.T) {
-				raw, err := os.ReadFile(filepath.Join(root, "internal/domainhook/testdata/kubevirt-v1.9", ref))
-				if err != nil {
-					t.Fatal(err)
-				}
-				var d libvirtxml.Domain
-				if err := d.Unmarshal(string(raw)); err != nil {
-					t.Fatal(err)
-				}
-				d.Type = "qemu"
-				d.CPU = &libvirtxml.DomainCPU{Mode: "custom", Match: "exact", Model: &libvirtxml.DomainCPUModel{Value: "qemu64"}, Topology: d.CPU.Topology}
-				d.Devices.Emulator = "/usr/local/lockstep/bin/qemu-system-x86_64" // c.launcherShares()
+				d := referenceDomain(t, ref)
 				state, err := os.MkdirTemp("", "lv")
 				if err != nil {
 					t.Fatal(err)
@@ -484,7 +481,7 @@ func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				calls := 0
-				_, err = virtlauncher.DefineSequence(&d, func(in []byte) ([]byte, error) {
+				_, err = virtlauncher.DefineSequence(d, func(in []byte) ([]byte, error) {
 					calls++
 					return h.OnDefineDomain(ctx, in, vmi)
 				}, func(x []byte) ([]byte, error) { return lv.Define(filepath.Join(state, "domain.xml"), x) })
@@ -503,7 +500,7 @@ func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 				if err := nic.Unmarshal(defined); err != nil || len(nic.Devices.Interfaces) != 1 || nic.Devices.Interfaces[0].Driver == nil || nic.Devices.Interfaces[0].Driver.Name != "qemu" {
 					t.Errorf("libvirt's domain: the NIC is not the VM's one in userspace (vhost off) (%v):\n%s", err, defined)
 				}
-				for _, want := range []string{"qmp.sock", "driver=quorum", `<source dev="/dev/null"`, "<qemu:override>"} {
+				for _, want := range []string{"qmp.sock", "driver=quorum", `<source dev="/dev/null"`, "<qemu:override>", "<emulator>" + kubevirthook.LockstepQEMU + "</emulator>"} {
 					if !strings.Contains(defined, want) {
 						t.Errorf("libvirt's domain lacks %s:\n%s", want, defined)
 					}
@@ -519,4 +516,60 @@ func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestLibvirtRefusesAMemberWithoutLockstepsQEMU: a member whose launcher pod did not get
+// lockstep's QEMU image (the policy missing, or a runtime without image volumes) is not started
+// on the launcher's own QEMU: libvirt refuses the hook's domain and says what is missing, which
+// is what docs/troubleshooting.md quotes.
+func TestLibvirtRefusesAMemberWithoutLockstepsQEMU(t *testing.T) {
+	c := newCluster(t, 1)
+	c.viaLibvirt = true
+	d := referenceDomain(t, "q35-seabios.xml")
+	state, err := os.MkdirTemp("", "lv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(state) })
+	h, err := virtlauncher.StartHook(c.hookBinary(), state, c.runDir, filepath.Join(state, "hook.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, virtlauncher.LauncherShares(c.qemu, c.guest), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lv.Kill)
+	vmi, err := json.Marshal(&virtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "counter-1", UID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
+			Labels: map[string]string{ftv1.LabelPair: "counter", ftv1.LabelRole: ftv1.RolePrimary}, Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = virtlauncher.DefineSequence(d, func(in []byte) ([]byte, error) { return h.OnDefineDomain(ctx, in, vmi) },
+		func(x []byte) ([]byte, error) { return lv.Define(filepath.Join(state, "domain.xml"), x) })
+	if want := "Cannot check QEMU binary " + kubevirthook.LockstepQEMU + ": No such file or directory"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("defining a member's domain without lockstep's QEMU: %v, want an error with %q", err, want)
+	}
+}
+
+// referenceDomain is a reference domain of KubeVirt's (internal/domainhook/testdata), with the
+// type and CPU the double's launcher gives it (no KVM here).
+func referenceDomain(t *testing.T, file string) *libvirtxml.Domain {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(root, "internal/domainhook/testdata/kubevirt-v1.9", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(string(raw)); err != nil {
+		t.Fatal(err)
+	}
+	d.Type = "qemu"
+	d.CPU = &libvirtxml.DomainCPU{Mode: "custom", Match: "exact", Model: &libvirtxml.DomainCPUModel{Value: "qemu64"}, Topology: d.CPU.Topology}
+	return &d
 }

@@ -22,6 +22,22 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 {{- end -}}
 
+{{/* lockstep's QEMU image, which members' launchers mount (config/kubevirt/member-qemu-policy.yaml).
+Nil-safe: a release upgraded with --reuse-values from a chart without colo.qemuImage has none. */}}
+{{- define "lockstep.qemuImage" -}}
+{{- $q := .Values.colo.qemuImage | default dict -}}
+{{- $repository := $q.repository | default "ghcr.io/lockstep-dev/lockstep-qemu" -}}
+{{- if $q.digest -}}
+{{ $repository }}@{{ $q.digest }}
+{{- else -}}
+{{ $repository }}:{{ $q.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "lockstep.qemuImagePullPolicy" -}}
+{{- (.Values.colo.qemuImage | default dict).pullPolicy | default "IfNotPresent" -}}
+{{- end -}}
+
 {{/* The objects of a multi-document file under files/ that make manifests copies from config/. */}}
 {{- define "lockstep.docs" -}}
 {{- $docs := list -}}

@@ -9,6 +9,8 @@ package main
 import (
 	"flag"
 	"os"
+	"path/filepath"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/lockstep-dev/lockstep/test/imagevolume"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
@@ -31,6 +34,7 @@ func main() {
 		hosts                        bool
 		cluster, state, storage      string
 		lockstepd, hook, qemu, guest string
+		images                       string
 	)
 	flag.StringVar(&image, "launcher-image", "quay.io/kubevirt/virt-launcher:test-double", "Image named in launcher pods (never pulled: kwok runs nothing).")
 	flag.BoolVar(&hosts, "hosts", false, "Play the nodes' machines too: a network namespace per node running lockstepd, and member VMIs booted there (needs root).")
@@ -39,7 +43,8 @@ func main() {
 	flag.StringVar(&storage, "storage-dir", "", "With --hosts: the claims' disk images (default <hosts-dir>/storage).")
 	flag.StringVar(&lockstepd, "lockstepd", "bin/lockstepd", "With --hosts: the lockstepd binary.")
 	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
-	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory.")
+	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory, for its OVMF (which KubeVirt's launcher image carries; members' QEMU comes from their pods' image volume).")
+	flag.StringVar(&images, "images", "", "With --hosts: OCI archives, comma-separated, that serve the images launcher pods mount as image volumes (bin/images/lockstep-qemu.oci.tar: lockstep's QEMU).")
 	flag.StringVar(&guest, "guest", "", "With --hosts: hack/debian-guest.sh's directory (its disk.img is what a VMI's first claim of the user's is imported from).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -89,6 +94,9 @@ func main() {
 			fail(err, "hosts controller")
 		}
 		launcher.Domains = &kubevirtdouble.Domains{Hosts: h, QEMU: qemu, Guest: guest, Hook: hook, Storage: storage, Log: log.WithName("domains")}
+		if archives := strings.FieldsFunc(images, func(r rune) bool { return r == ',' }); len(archives) > 0 {
+			launcher.Domains.Images = &imagevolume.Registry{Archives: archives, Dir: filepath.Join(state, "images")}
+		}
 		claims := &kubevirtdouble.Claims{Client: mgr.GetClient(), Storage: storage, Log: log.WithName("claims")}
 		if err := claims.SetupWithManager(mgr); err != nil {
 			fail(err, "claims controller")
