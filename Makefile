@@ -19,6 +19,10 @@ KUSTOMIZE := $(BIN)/kustomize
 HELM := $(BIN)/helm
 PROMTOOL := $(BIN)/promtool
 IMG ?= ghcr.io/lockstep-dev/lockstep-operator:dev
+# VERSION is stamped into the binaries (internal/version) and the images' labels: the release tag
+# at a tag, else the commit (docs/versioning.md).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION_LDFLAGS := -X github.com/lockstep-dev/lockstep/internal/version.Version=$(VERSION)
 # QEMU_IMG is lockstep's QEMU, which members' launchers mount (config/kubevirt).
 QEMU_IMG ?= ghcr.io/lockstep-dev/lockstep-qemu:dev
 
@@ -194,9 +198,9 @@ installer: manifests $(KUSTOMIZE) ## Render config/default (CRD, RBAC, operator)
 
 .PHONY: build
 build: ## Build the binaries into bin/ (and the KubeVirt test double of the local cluster).
-	go build -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
-	go build -o $(BIN)/lockstepd ./cmd/lockstepd
-	go build -o $(BIN)/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstepd ./cmd/lockstepd
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
 	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
 
 IMAGE_BINARIES := lockstep-operator lockstepd lockstep-kubevirt-hook
@@ -207,11 +211,11 @@ images: image qemu-image ## Both images as OCI archives, built with no container
 image: ## lockstep's image (the operator, lockstepd and the hook; non-root, no base image): bin/images/lockstep.oci.tar. Needs only Go.
 	@mkdir -p $(BIN)/image
 	for b in $(IMAGE_BINARIES); do \
-		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -buildid=" -o $(BIN)/image/$$b ./cmd/$$b; done
-	go run ./hack/imagebuild -bin $(BIN)/image -out $(BIN)/images/lockstep.oci.tar -ref $(IMG)
+		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -buildid= $(VERSION_LDFLAGS)" -o $(BIN)/image/$$b ./cmd/$$b; done
+	go run ./hack/imagebuild -bin $(BIN)/image -out $(BIN)/images/lockstep.oci.tar -ref $(IMG) -version $(VERSION)
 
 qemu-image: ## lockstep's QEMU for members' launchers (hack/qemu-image.sh: the patched QEMU with its libraries and firmware from pinned Debian packages): bin/images/lockstep-qemu.oci.tar. Needs Debian 12's apt and root (the QEMU build, about 4 minutes cold; patchelf).
-	hack/qemu-image.sh --oci $(BIN)/images/lockstep-qemu.oci.tar $(QEMU_IMG) >/dev/null
+	VERSION=$(VERSION) hack/qemu-image.sh --oci $(BIN)/images/lockstep-qemu.oci.tar $(QEMU_IMG) >/dev/null
 
 .PHONY: test-images
 test-images: images ## The images: their users, entrypoints and digests; lockstep's binaries run from its layer, and its QEMU from an otherwise empty root, as uid 107 (needs root).

@@ -13,7 +13,7 @@
 #   hack/qemu-image.sh                -> prints the image's root (bin/, lib/, share/), linked at
 #                                        bin/qemu-image
 #   hack/qemu-image.sh --oci OUT REF  -> also writes it as the image REF, an OCI archive at OUT
-#                                        (hack/imagebuild; `make images`)
+#                                        (hack/imagebuild; `make images`), labelled $VERSION
 #
 # Cached under ~/.cache/lockstep/qemu-image/<hash of the QEMU build, this script, the pins>.
 set -euo pipefail
@@ -122,6 +122,6 @@ fi
 mkdir -p "$ROOT/bin"
 ln -sfn "$OUT" "$ROOT/bin/qemu-image"
 if [ "${1:-}" = --oci ]; then
-  (cd "$ROOT" && go run ./hack/imagebuild -root "$OUT" -mount "$MOUNT" -out "$2" -ref "$3")
+  (cd "$ROOT" && go run ./hack/imagebuild -root "$OUT" -mount "$MOUNT" -out "$2" -ref "$3" -version "${VERSION:-dev}")
 fi
 echo "$OUT"

@@ -24,6 +24,7 @@ import (
 	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/internal/admission"
 	"github.com/lockstep-dev/lockstep/internal/placement"
+	"github.com/lockstep-dev/lockstep/internal/version"
 )
 
 func main() {
@@ -76,9 +77,12 @@ func main() {
 	flag.DurationVar(&cfg.Signer.MaxLifetime, "lockstepd-certificate-max-lifetime", 30*24*time.Hour, "Longest lifetime of a lockstepd certificate.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
+	versionFlag := version.AddFlag(flag.CommandLine, "lockstep-operator")
 	flag.Parse()
+	versionFlag.ExitIfSet()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	setupLog := ctrl.Log.WithName("setup")
+	setupLog.Info("lockstep-operator", "version", version.String())
 	// The Go runtime does not know the container's memory limit: it lets the heap grow to twice
 	// what is live before it collects, and the kernel kills a container that reaches its limit.
 	// A soft limit of 90 % of the cgroup's makes the runtime collect harder near it instead

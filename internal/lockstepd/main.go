@@ -20,6 +20,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/scheme"
+	"github.com/lockstep-dev/lockstep/internal/version"
 )
 
 // DefaultEngine is the engine --engine selects when it is not given: QEMU COLO.
@@ -46,9 +47,12 @@ func Main(engines map[string]EngineFactory) int {
 	}
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
+	versionFlag := version.AddFlag(flag.CommandLine, "lockstepd")
 	flag.Parse()
+	versionFlag.ExitIfSet()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	setup := ctrl.Log.WithName("setup")
+	setup.Info("lockstepd", "version", version.String())
 	if err := FromEnv(flag.CommandLine); err != nil {
 		setup.Error(err, "bad environment")
 		return 2

@@ -16,6 +16,8 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+
+	"github.com/lockstep-dev/lockstep/test/imagevolume"
 )
 
 const archive = "../../bin/images/lockstep.oci.tar"
@@ -88,13 +90,34 @@ func TestImage(t *testing.T) {
 		if !strings.Contains(string(out), strings.TrimPrefix(b.flag, "-")) {
 			t.Errorf("/%s -help does not list %s:\n%s", b.name, b.flag, out)
 		}
+		// The version the build stamped, which the image's label names too.
+		out, err = exec.Command(filepath.Join(root, b.name), "--version").CombinedOutput()
+		if want := b.name + " " + cf.Config.Labels["org.opencontainers.image.version"] + "\n"; err != nil || string(out) != want {
+			t.Errorf("/%s --version: %q %v, want %q", b.name, out, err, want)
+		}
 	}
+}
+
+// versionLabel is the version label of the one image of an OCI archive, which building it again
+// must give it.
+func versionLabel(t *testing.T, path string) string {
+	t.Helper()
+	reg := &imagevolume.Registry{Archives: []string{path}, Dir: t.TempDir()}
+	refs, err := reg.Refs()
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("%s: %q %v", path, refs, err)
+	}
+	cf, err := reg.Config(refs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cf.Config.Labels["org.opencontainers.image.version"]
 }
 
 // TestImageIsReproducible builds the image again from the same binaries: the same digest.
 func TestImageIsReproducible(t *testing.T) {
 	again := filepath.Join(t.TempDir(), "again.oci.tar")
-	cmd := exec.Command("go", "run", "./hack/imagebuild", "-bin", "bin/image", "-out", again)
+	cmd := exec.Command("go", "run", "./hack/imagebuild", "-bin", "bin/image", "-out", again, "-version", versionLabel(t, archive))
 	cmd.Dir = filepath.Join("..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)

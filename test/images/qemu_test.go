@@ -194,7 +194,8 @@ func TestQEMUImage(t *testing.T) {
 func TestQEMUImageIsReproducible(t *testing.T) {
 	_, qemuRef := qemuImage(t)
 	again := filepath.Join(t.TempDir(), "again.oci.tar")
-	cmd := exec.Command("go", "run", "./hack/imagebuild", "-root", "bin/qemu-image", "-mount", kubevirthook.LockstepQEMUMount, "-out", again, "-ref", qemuRef)
+	cmd := exec.Command("go", "run", "./hack/imagebuild", "-root", "bin/qemu-image", "-mount", kubevirthook.LockstepQEMUMount,
+		"-out", again, "-ref", qemuRef, "-version", versionLabel(t, qemuArchive))
 	cmd.Dir = filepath.Join("..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
