@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,6 +138,10 @@ type crashPath struct {
 	rows  []string
 	// configure, when set, configures every operator of the path (as its flags would).
 	configure func(*controllers.Config)
+	// crashRows, when set, are the rows (1-based) after which the operator is crashed: for a path
+	// whose later writes are another path's, crash-tested row by row there. All rows are still
+	// checked against the path's writes.
+	crashRows []int
 }
 
 // pairBefore is the pair before the path.
@@ -189,6 +194,9 @@ func runCrashPath(path crashPath) {
 	By("recording the path's writes")
 	Expect(run(0)).To(Equal(path.rows), "the path's writes changed: give each new write a row (and a crash test)")
 	for i, row := range path.rows {
+		if path.crashRows != nil && !slices.Contains(path.crashRows, i+1) {
+			continue
+		}
 		By(fmt.Sprintf("crashing after write %d: %s", i+1, row))
 		run(i + 1)
 	}
@@ -388,6 +396,47 @@ var _ = Describe("Crash points", func() {
 				"patch VirtualMachineInstance vm-3", // synchronized
 				status("FaultTolerantVM", "vm"),
 				status("FaultTolerantVMOperation", "test"), // Succeeded
+			},
+		})
+	})
+
+	It("a drain of the primary's node converges from a crash after the operation is made: the VM handed over once, the new secondary elsewhere", func() {
+		var drained string
+		runCrashPath(crashPath{
+			setup: setupDiskPair,
+			trigger: func(ns string, b pairBefore) {
+				drained = b.primary.Node
+				drain(ns, b.primary.VMI, drained)
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.secondary.VMI, 1, drained)
+				Eventually(func(g Gomega) {
+					op := &ftv1.FaultTolerantVMOperation{}
+					g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm-1-evacuation"}, op)).To(Succeed())
+					g.Expect(op.Status.Phase).To(Equal(ftv1.OperationSucceeded), op.Status.Message)
+				}, timeout, interval).Should(Succeed())
+			},
+			// After the operation is made, the path is the test failover's (above).
+			crashRows: []int{1, 2},
+			rows: []string{
+				"create FaultTolerantVMOperation vm-1-evacuation",     // before anything is done
+				status("FaultTolerantVMOperation", "vm-1-evacuation"), // Running, on vm-1 and vm-2
+				"update Lease ft-vm",                    // the record: vm-2, with the operation's UID
+				"patch PersistentVolumeClaim vm-2-root", // its disk is the VM's now
+				"patch PersistentVolumeClaim disk",      // the user's claim superseded by it
+				"patch VirtualMachineInstance vm-1",     // the old primary labelled fenced
+				"delete VirtualMachineInstance vm-1",    // and deleted: the drain goes on
+				"patch VirtualMachineInstance vm-2",     // the new one labelled primary
+				status("FaultTolerantVMOperation", "vm-1-evacuation"),
+				status("FaultTolerantVM", "vm"),
+				"update Lease ft-vm",                     // the name vm-3 handed out
+				"create PersistentVolumeClaim vm-3-root", // on a node other than the drained one
+				"create VirtualMachineInstance vm-3",
+				status("FaultTolerantVMOperation", "vm-1-evacuation"),
+				status("FaultTolerantVM", "vm"),
+				"patch VirtualMachineInstance vm-3", // synchronized
+				status("FaultTolerantVM", "vm"),
+				status("FaultTolerantVMOperation", "vm-1-evacuation"), // Succeeded
 			},
 		})
 	})

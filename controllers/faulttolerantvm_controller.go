@@ -136,6 +136,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseStartPair,
 		r.phaseProtection,
 		r.phaseEnsureSecondary,
+		r.phaseEvacuations,
 		r.phaseOperations,
 		r.phaseCollectDiskCopies,
 	}

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -226,6 +227,56 @@ var _ = Describe("Day-2 operations", func() {
 			waitForOperation(ns, "fixed", ftv1.OperationSucceeded)
 		})
 	})
+	// Drains: kubectl drain cordons the node, and KubeVirt's virt-api answers the eviction of a
+	// member's launcher pod (evictionStrategy External) by marking the VMI with the node in
+	// status.evacuationNodeName, which drain() does here as virt-api would.
+	Context("Drains", func() {
+		It("move a secondary off the drained node: a new secondary elsewhere, the primary untouched", func() {
+			drained := before.Status.Secondary.Node
+			drain(ns, before.Status.Secondary.VMI, drained)
+			op := waitForOperation(ns, before.Status.Secondary.VMI+"-evacuation", ftv1.OperationSucceeded)
+			Expect(op.Spec.Type).To(Equal(ftv1.OperationMigrateSecondary))
+			Expect(op.Labels).To(HaveKeyWithValue(ftv1.LabelEvacuation, drained))
+			Eventually(isGone(ns, before.Status.Secondary.VMI), timeout, interval).Should(BeTrue(), "the drain goes on once the member's VMI is gone")
+			after := waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(after.Status.Secondary.Node).NotTo(Equal(drained))
+			Expect(after.Status.Primary.VMI).To(Equal(before.Status.Primary.VMI))
+			Expect(after.Status.FailoverCount).To(BeZero())
+			Expect(eventReasons(ns, "vm")).To(ContainElement(ftv1.ReasonEvacuating))
+		})
+
+		It("hand the VM over from a primary on the drained node to its synchronized secondary, then protect it elsewhere", func() {
+			drained := before.Status.Primary.Node
+			drain(ns, before.Status.Primary.VMI, drained)
+			op := waitForOperation(ns, before.Status.Primary.VMI+"-evacuation", ftv1.OperationSucceeded)
+			Expect(op.Spec.Type).To(Equal(ftv1.OperationTestFailover))
+			Expect(op.Status.Result.Primary.VMI).To(Equal(before.Status.Secondary.VMI))
+			Eventually(isGone(ns, before.Status.Primary.VMI), timeout, interval).Should(BeTrue(), "the drain goes on once the member's VMI is gone")
+			after := waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(after.Status.Primary.VMI).To(Equal(before.Status.Secondary.VMI))
+			Expect(after.Status.Secondary.Node).NotTo(Equal(drained))
+			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
+		})
+
+		It("keep a member whose pair is not Protected where it is: the drain waits, and the operation says why", func() {
+			setProtection(ns, "vm", ftv1.ProtectionDisabled)
+			waitFor(ns, "vm", "protection off", func(f *ftv1.FaultTolerantVM) bool { return f.Status.Secondary == nil })
+			drain(ns, before.Status.Primary.VMI, before.Status.Primary.Node)
+			name := before.Status.Primary.VMI + "-evacuation"
+			Eventually(func(g Gomega) {
+				op := &ftv1.FaultTolerantVMOperation{}
+				g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: name}, op)).To(Succeed())
+				g.Expect(op.Status.Message).To(ContainSubstring("protection Disabled"))
+			}, timeout, interval).Should(Succeed())
+			Consistently(isGone(ns, before.Status.Primary.VMI), "2s", interval).Should(BeFalse(), "the VM's only copy stays")
+			Expect(getOperation(ns, name).Status.Phase).To(Equal(ftv1.OperationPending))
+
+			By("protected again, the pair is moved off the node")
+			setProtection(ns, "vm", ftv1.ProtectionEnabled)
+			waitForOperation(ns, name, ftv1.OperationSucceeded)
+			Eventually(isGone(ns, before.Status.Primary.VMI), timeout, interval).Should(BeTrue())
+		})
+	})
 })
 
 func newOperation(ns, name string, typ ftv1.OperationType, node string) *ftv1.FaultTolerantVMOperation {
@@ -302,4 +353,16 @@ func holdVMI(ns, name string, hold bool) {
 		controllerutil.RemoveFinalizer(vmi, finalizer)
 	}
 	ExpectWithOffset(1, k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
+}
+
+// drain does what kubectl drain and KubeVirt's virt-api do to a member's node: cordon it, and
+// mark the member's VMI for evacuation from it.
+func drain(ns, vmiName, node string) {
+	GinkgoHelper()
+	cordon(node)
+	vmi := &virtv1.VirtualMachineInstance{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: vmiName}, vmi)).To(Succeed())
+	base := vmi.DeepCopy()
+	vmi.Status.EvacuationNodeName = node
+	Expect(k8s.Patch(ctx(), vmi, client.MergeFrom(base))).To(Succeed())
 }

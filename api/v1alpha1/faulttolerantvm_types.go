@@ -155,6 +155,9 @@ const (
 	// ReasonDiskSizeUnsupported: a disk of the VM is a size that COLO's secondary cannot be given
 	// (KubeVirt makes the secondary's overlays in whole MiB): resize the disk to a multiple of 1 MiB.
 	ReasonDiskSizeUnsupported = "DiskSizeUnsupported"
+	// ReasonEvacuating is the event of a drain asking to evict a member (KubeVirt marked its VMI
+	// for evacuation): it names the operation that moves the member off the node.
+	ReasonEvacuating = "Evacuating"
 )
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.

@@ -15,6 +15,9 @@ const (
 	LabelNode = "ft.lockstep.dev/node"
 	// LabelMember, on a claim the operator created, names the member VMI that uses it.
 	LabelMember = "ft.lockstep.dev/member"
+	// LabelEvacuation, on an operation the operator made because a drain asked to evict a
+	// member (KubeVirt's status.evacuationNodeName), names the node being drained.
+	LabelEvacuation = "ft.lockstep.dev/evacuation"
 	// LabelManagedBy marks objects the operator created.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	// ManagedByValue is LabelManagedBy's value.
