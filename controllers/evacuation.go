@@ -2,13 +2,17 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
 // Drains. Members run with evictionStrategy External: when a drain asks to evict a member's
@@ -22,7 +26,9 @@ import (
 // pod and the drain goes on. The operation is made once per member (its name is the member's,
 // and the operator never makes another), so an operator restarted between the mark and the
 // operation makes the same one; it runs as any other, one at a time per pair, and its status says
-// what it waits for (a pair that is not Protected is not moved: the drain waits).
+// what it waits for (a pair that is not Protected is not moved: the drain waits). Nor is it made
+// while no other node could take the pair's next secondary: moving the member would leave the VM
+// unprotected, so the drain waits, and an event says why.
 
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvmoperations,verbs=create
 
@@ -38,6 +44,17 @@ func (r *FaultTolerantVMReconciler) phaseEvacuations(ctx context.Context, s *sco
 		typ, role := ftv1.OperationMigrateSecondary, ftv1.RoleSecondary
 		if mv == s.primary {
 			typ, role = ftv1.OperationTestFailover, ftv1.RolePrimary
+		}
+		if err := r.roomForNextSecondary(ctx, s, mv); err != nil {
+			var none *placement.NoEligibleNodeError
+			if !errors.As(err, &none) {
+				return err
+			}
+			r.Recorder.Eventf(s.ftvm, mv.vmi, corev1.EventTypeWarning, ftv1.ReasonEvacuationWaiting, "Evacuate",
+				"node %s is being drained, but no other node can take the VM's next secondary, so the %s %s stays and the drain waits: %v",
+				mv.node, role, mv.vmi.Name, err)
+			s.requeueWithin(r.Config.RetryInterval)
+			continue
 		}
 		op := &ftv1.FaultTolerantVMOperation{
 			ObjectMeta: metav1.ObjectMeta{Namespace: s.ftvm.Namespace, Name: evacuationName(mv.vmi.Name),
@@ -56,4 +73,31 @@ func (r *FaultTolerantVMReconciler) phaseEvacuations(ctx context.Context, s *sco
 		s.requeueWithin(r.Config.RetryInterval) // the operation runs once the cache has it
 	}
 	return nil
+}
+
+// roomForNextSecondary says whether a node could take the secondary that follows moving mv: one
+// that is not the drained node (cordoned, so placement takes it anyway) nor the node of the member
+// that will then be the primary.
+func (r *FaultTolerantVMReconciler) roomForNextSecondary(ctx context.Context, s *scope, mv *memberView) error {
+	primary := s.primary
+	if mv == s.primary {
+		if s.secondary == nil {
+			return nil // the operation waits for a secondary anyway, and says so
+		}
+		primary = s.secondary
+	}
+	tmpl, err := member.DecodeTemplate(primary.vmi)
+	if err != nil {
+		tmpl = member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
+	}
+	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
+	nm.req.AvoidNodes, nm.req.SuspectNodes = []string{primary.node, mv.node}, s.suspect
+	if key := s.ftvm.Spec.TopologyKey; key != "" {
+		var pn corev1.Node
+		if err := r.Get(ctx, types.NamespacedName{Name: primary.node}, &pn); err != nil {
+			return err
+		}
+		nm.req.AvoidDomains = []string{pn.Labels[key]}
+	}
+	return r.Placer.Fits(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey)
 }

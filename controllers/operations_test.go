@@ -258,6 +258,26 @@ var _ = Describe("Day-2 operations", func() {
 			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
 		})
 
+		It("keep a member where it is while no other node could take the next secondary: the drain waits, and an event says why", func() {
+			var free []string
+			for i := 1; i <= 4; i++ {
+				if n := nodeName(fmt.Sprintf("node-%d", i)); n != before.Status.Primary.Node && n != before.Status.Secondary.Node {
+					free = append(free, n)
+					cordon(n)
+				}
+			}
+			drain(ns, before.Status.Secondary.VMI, before.Status.Secondary.Node)
+			Eventually(func() []string { return eventReasons(ns, "vm") }, timeout, interval).Should(ContainElement(ftv1.ReasonEvacuationWaiting))
+			Consistently(isGone(ns, before.Status.Secondary.VMI), "2s", interval).Should(BeFalse(), "the secondary stays while nothing could replace it")
+			Expect(apierrors.IsNotFound(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: before.Status.Secondary.VMI + "-evacuation"},
+				&ftv1.FaultTolerantVMOperation{}))).To(BeTrue(), "no operation yet")
+
+			By("a node freed, the secondary moves there")
+			uncordon(free[0])
+			waitForOperation(ns, before.Status.Secondary.VMI+"-evacuation", ftv1.OperationSucceeded)
+			Expect(waitForState(ns, "vm", ftv1.StateProtected).Status.Secondary.Node).To(Equal(free[0]))
+		})
+
 		It("keep a member whose pair is not Protected where it is: the drain waits, and the operation says why", func() {
 			setProtection(ns, "vm", ftv1.ProtectionDisabled)
 			waitFor(ns, "vm", "protection off", func(f *ftv1.FaultTolerantVM) bool { return f.Status.Secondary == nil })
@@ -319,12 +339,15 @@ func setNodeMaxVMs(name string, n int) {
 	Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
 }
 
-func cordon(name string) {
+func cordon(name string)   { setUnschedulable(name, true) }
+func uncordon(name string) { setUnschedulable(name, false) }
+
+func setUnschedulable(name string, unschedulable bool) {
 	GinkgoHelper()
 	node := &corev1.Node{}
 	Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
 	base := node.DeepCopy()
-	node.Spec.Unschedulable = true
+	node.Spec.Unschedulable = unschedulable
 	Expect(k8s.Patch(ctx(), node, client.MergeFrom(base))).To(Succeed())
 }
 

@@ -124,6 +124,18 @@ func (p *Placer) PlaceAndCreate(ctx context.Context, req placement.Request, vm *
 	return node, nil
 }
 
+// Fits says whether a member of req could be placed now: nil, or a *placement.NoEligibleNodeError
+// that says why not for each node. It decides nothing and assumes nothing.
+func (p *Placer) Fits(ctx context.Context, req placement.Request, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string) error {
+	return p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) error {
+		if _, err := placement.Place(nodes, req); err != nil {
+			p.noNode(ctx, nodes, req)
+			return err
+		}
+		return nil
+	})
+}
+
 // PlaceAndCreatePair places both members of a new pair in one decision (placement.PlacePair)
 // and creates them, primary first. Placement.Secondary is "" when only the primary could be
 // placed (SecondaryErr says why) or when creating the secondary failed (the error says why); the

@@ -158,6 +158,10 @@ const (
 	// ReasonEvacuating is the event of a drain asking to evict a member (KubeVirt marked its VMI
 	// for evacuation): it names the operation that moves the member off the node.
 	ReasonEvacuating = "Evacuating"
+	// ReasonEvacuationWaiting is the event of a drain that waits on a member: no other node can
+	// take the VM's next secondary, so moving the member would leave the VM unprotected. Add room,
+	// or raise FT limits.
+	ReasonEvacuationWaiting = "EvacuationWaiting"
 )
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.
