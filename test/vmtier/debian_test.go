@@ -196,8 +196,17 @@ func (c *cluster) checkRealGuest(p, s *member) {
 	if err != nil || string(out) != want {
 		t.Fatalf("in the guest: %v\n%s\nwant:\n%s", err, out, want)
 	}
-	if out, err := p.lv.Virsh("qemu-agent-command", domainName(p), `{"execute":"guest-ping"}`); err != nil || !strings.Contains(out, `"return"`) {
-		t.Fatalf("the guest agent: %v %s", err, out)
+	// libvirt holds a domain "not running" for the pause of each checkpoint (one Suspended and
+	// one Resumed event a checkpoint): an agent command that meets one is asked again.
+	var ping string
+	for try := 0; try < 20; try++ {
+		if ping, err = p.lv.Virsh("qemu-agent-command", domainName(p), `{"execute":"guest-ping"}`); err == nil || !strings.Contains(err.Error(), "domain is not running") {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(ping, `"return"`) {
+		t.Fatalf("the guest agent: %v %s", err, ping)
 	}
 }
 
