@@ -8,10 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
@@ -86,18 +84,11 @@ func (r *FaultTolerantVMReconciler) roomForNextSecondary(ctx context.Context, s 
 		}
 		primary = s.secondary
 	}
-	tmpl, err := member.DecodeTemplate(primary.vmi)
-	if err != nil {
-		tmpl = member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
-	}
+	tmpl := secondaryTemplate(ctx, s, primary)
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
-	nm.req.AvoidNodes, nm.req.SuspectNodes = []string{primary.node, mv.node}, s.suspect
-	if key := s.ftvm.Spec.TopologyKey; key != "" {
-		var pn corev1.Node
-		if err := r.Get(ctx, types.NamespacedName{Name: primary.node}, &pn); err != nil {
-			return err
-		}
-		nm.req.AvoidDomains = []string{pn.Labels[key]}
+	if err := r.awayFrom(ctx, s, primary, &nm.req); err != nil {
+		return err
 	}
+	nm.req.AvoidNodes = append(nm.req.AvoidNodes, mv.node)
 	return r.Placer.Fits(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey)
 }

@@ -203,7 +203,6 @@ func newFTVM(ns, name string) *ftv1.FaultTolerantVM {
 	}
 }
 
-// setProtection patches the FaultTolerantVM's spec.protection.
 // newDiskFTVM is FaultTolerantVM "vm" whose root disk is claim "disk" (1Gi), which it creates.
 func newDiskFTVM(ns string) *ftv1.FaultTolerantVM {
 	GinkgoHelper()
@@ -214,6 +213,7 @@ func newDiskFTVM(ns string) *ftv1.FaultTolerantVM {
 	return f
 }
 
+// setProtection patches the FaultTolerantVM's spec.protection.
 func setProtection(ns, name string, p ftv1.Protection) {
 	f := getFTVM(ns, name)
 	base := f.DeepCopy()

@@ -70,12 +70,7 @@ func (r *FaultTolerantVMReconciler) phaseEnsureSecondary(ctx context.Context, s 
 	if s.networkMissing != "" {
 		return nil
 	}
-	tmpl, err := member.DecodeTemplate(s.primary.vmi)
-	if err != nil {
-		// Only a member edited by hand lacks it; the FaultTolerantVM's template is the best guess.
-		log.FromContext(ctx).Error(err, "building the secondary from the FaultTolerantVM's template")
-		tmpl = member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
-	}
+	tmpl := secondaryTemplate(ctx, s, s.primary)
 	bytes, err := r.secondaryDiskBytes(s.primary.vmi, &tmpl.Spec)
 	if err != nil {
 		return r.recordPlacementError(s, &s.secondaryErr, err)
@@ -276,12 +271,39 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 	}
 }
 
+// secondaryTemplate is what a new secondary beside primary is built from: the template the
+// primary runs. Only a member edited by hand lacks it; the FaultTolerantVM's is the best guess.
+func secondaryTemplate(ctx context.Context, s *scope, primary *memberView) ftv1.VMITemplate {
+	tmpl, err := member.DecodeTemplate(primary.vmi)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "building the secondary from the FaultTolerantVM's template")
+		return member.Normalize(s.ftvm.UID, s.ftvm.Spec.Template)
+	}
+	return tmpl
+}
+
+// awayFrom keeps a new secondary off primary's node and, with a topology key, off its domain;
+// nodes under suspicion rank last.
+func (r *FaultTolerantVMReconciler) awayFrom(ctx context.Context, s *scope, primary *memberView, req *placement.Request) error {
+	req.AvoidNodes, req.SuspectNodes = []string{primary.node}, s.suspect
+	if key := s.ftvm.Spec.TopologyKey; key != "" {
+		var pn corev1.Node
+		if err := r.Get(ctx, types.NamespacedName{Name: primary.node}, &pn); err != nil {
+			return err
+		}
+		req.AvoidDomains = []string{pn.Labels[key]}
+	}
+	return nil
+}
+
 // startSecondary places a new secondary away from the primary and creates it (and its disk
 // copies).
 func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate, bytes member.DiskBytes) (*memberView, error) {
 	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
 	nm.spec.DiskBytes = bytes
-	nm.req.AvoidNodes, nm.req.SuspectNodes = []string{s.primary.node}, s.suspect
+	if err := r.awayFrom(ctx, s, s.primary, &nm.req); err != nil {
+		return nil, err
+	}
 	if node, avoid := s.operationPlacement(); node != "" || avoid != "" {
 		nm.req.Node = node // a migration of the secondary
 		if avoid != "" {
@@ -295,13 +317,6 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		if ok {
 			nm.reuse, nm.req.PreferNode = &set, set.node
 		}
-	}
-	if key := s.ftvm.Spec.TopologyKey; key != "" {
-		var pn corev1.Node
-		if err := r.Get(ctx, types.NamespacedName{Name: s.primary.node}, &pn); err != nil {
-			return nil, err
-		}
-		nm.req.AvoidDomains = []string{pn.Labels[key]}
 	}
 	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
 		// The name is handed out only once a node holds the member: a VM that waits for room
