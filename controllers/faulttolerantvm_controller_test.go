@@ -29,6 +29,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/placement"
 )
 
 var _ = Describe("FaultTolerantVM", func() {
@@ -724,6 +725,39 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(k8s.Delete(ctx(), getFTVM(ns, protected))).To(Succeed())
 			waitForState(ns, waiting, ftv1.StateProtected)
 			Expect(membersOnNode(nodeName("small"))).To(Equal(1))
+		})
+		It("counts what other pods request of a node's allocatable CPU and memory, and says so", func() {
+			// A pod that is no member's asks for nearly all of busy's 16 CPUs. It is bound before
+			// busy exists, so the operator has counted it long before busy could take a member.
+			busy := nodeName("busy")
+			hog := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hog"},
+				Spec: corev1.PodSpec{NodeName: busy, Containers: []corev1.Container{{Name: "hog", Image: "hog",
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("15500m")}}}}},
+			}
+			Expect(k8s.Create(ctx(), hog)).To(Succeed())
+			makeNode("free", "zone-a")
+			Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+			waitForState(ns, "vm", ftv1.StateNotProtected)
+
+			By("a node whose other pods leave less than a member asks for takes none")
+			makeNode("busy", "zone-a")
+			waiting := func(g Gomega) {
+				f := getFTVM(ns, "vm")
+				g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
+				c := condition(f, ftv1.ConditionProtected)
+				g.Expect(c).NotTo(BeNil())
+				g.Expect(c.Reason).To(Equal(ftv1.ReasonNoEligibleNode))
+				g.Expect(c.Message).To(ContainSubstring("1 " + placement.RejectInsufficientCPU))
+			}
+			Eventually(waiting, timeout, interval).Should(Succeed())
+			Consistently(waiting, 3*time.Second, interval).Should(Succeed())
+			Expect(membersOnNode(busy)).To(Equal(0))
+
+			By("once the pod is gone, the secondary goes there")
+			Expect(k8s.Delete(ctx(), hog, client.GracePeriodSeconds(0))).To(Succeed())
+			waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(membersOnNode(busy)).To(Equal(1))
 		})
 	})
 

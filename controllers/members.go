@@ -117,12 +117,16 @@ func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplat
 	if role == ftv1.RoleSecondary && s.primary != nil {
 		m.Follows = s.primary.vmi.Name
 	}
+	// A template admission let through has what sizing needs (its memory): an error leaves the
+	// member counted by the FT limits alone, as before it was sized.
+	cpu, memory, _ := member.LauncherRequests(tmpl, role, r.Config.Member)
 	return &newMember{
 		name: member.Name(ftvm.Name, ordinal),
 		tmpl: tmpl,
 		spec: m,
 		req: placement.Request{Pair: pairKey(ftvm.Namespace, ftvm.Name), Role: placement.Role(role),
-			VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps},
+			VCPUs: member.VCPUs(&tmpl.Spec), LogBandwidthMbps: m.LogBandwidthMbps,
+			Requests: placement.Resources{MilliCPU: cpu, MemoryBytes: memory}},
 	}
 }
 

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/placement"
@@ -54,6 +56,9 @@ type Placer struct {
 	Leases             KeyGetter
 	// AssumeTTL bounds how long a created member that the cache never shows is remembered.
 	AssumeTTL time.Duration
+	// Requests is what the pods bound to each node request: with the node's allocatable CPU and
+	// memory, the room the scheduler will see there. Nil: resources are not counted.
+	Requests *NodeRequests
 
 	mu      sync.Mutex
 	assumed map[types.NamespacedName]assumedMember
@@ -214,7 +219,7 @@ func (p *Placer) assume(key types.NamespacedName, node string, req placement.Req
 		p.assumed = map[types.NamespacedName]assumedMember{}
 	}
 	p.assumed[key] = assumedMember{node: node, at: time.Now(), creating: true,
-		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps}}
+		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps, Requests: req.Requests}}
 }
 
 // noNode counts a placement that found no node and logs, at debug level, what each node held.
@@ -245,6 +250,9 @@ func (p *Placer) assumedKeys() []string {
 // view is the cluster as placement sees it: every node with its FT limits, whether the VM may run
 // there, and the members on it, including the ones created but not yet in the cache.
 func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec, topologyKey string) ([]placement.Node, error) {
+	if p.Requests != nil && !p.Requests.HasSynced() {
+		return nil, errors.New("the pods bound to the nodes are not all counted yet")
+	}
 	alone, err := p.pairsAlone(ctx)
 	if err != nil {
 		return nil, err
@@ -261,7 +269,8 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 		if v.IsFinal() {
 			continue // its pod is gone: it holds nothing
 		}
-		m := memberOf(v)
+		m := memberOf(ctx, v)
+		m.PodCounted = p.Requests != nil && p.Requests.LauncherBound(v.UID)
 		switch m.Role {
 		case placement.Primary:
 			m.Alone = alone[m.Pair]
@@ -300,27 +309,34 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	nodes := p.Nodes.List()
 	out := make([]placement.Node, 0, len(nodes))
 	for _, o := range nodes {
-		n, ok := o.(*corev1.Node)
-		if !ok {
-			continue
+		if n, ok := o.(*corev1.Node); ok {
+			out = append(out, p.nodeOf(ctx, n, byNode[n.Name], fits, topologyKey))
 		}
-		pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: byNode[n.Name], Unavailable: fits(n)}
-		if pn.Unavailable == "" && p.RequireLockstepd {
-			if running, expired := health.Lockstepd(n, p.nodeLease(ctx, n.Name), time.Now()); !running {
-				pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
-				if !expired.IsZero() {
-					pn.Unavailable = "lockstepd does not run there (its node lease " + ftv1.NodeLeaseName(n.Name) + " ran out at " +
-						expired.UTC().Format(time.RFC3339) + "), and a COLO member needs it"
-				}
-			}
-		}
-		if topologyKey != "" {
-			pn.Domain = n.Labels[topologyKey]
-		}
-		out = append(out, pn)
 	}
 	metrics.ObserveNodes(out)
 	return out, nil
+}
+
+// nodeOf is node n as placement sees it, holding members.
+func (p *Placer) nodeOf(ctx context.Context, n *corev1.Node, members []placement.Member, fits func(*corev1.Node) string, topologyKey string) placement.Node {
+	pn := placement.Node{Name: n.Name, Limits: p.limitsOf(ctx, n), Members: members, Unavailable: fits(n)}
+	if p.Requests != nil {
+		pn.Allocatable = placement.Resources{MilliCPU: n.Status.Allocatable.Cpu().MilliValue(), MemoryBytes: n.Status.Allocatable.Memory().Value()}
+		pn.Requested = p.Requests.Requested(n.Name)
+	}
+	if pn.Unavailable == "" && p.RequireLockstepd {
+		if running, expired := health.Lockstepd(n, p.nodeLease(ctx, n.Name), time.Now()); !running {
+			pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
+			if !expired.IsZero() {
+				pn.Unavailable = "lockstepd does not run there (its node lease " + ftv1.NodeLeaseName(n.Name) + " ran out at " +
+					expired.UTC().Format(time.RFC3339) + "), and a COLO member needs it"
+			}
+		}
+	}
+	if topologyKey != "" {
+		pn.Domain = n.Labels[topologyKey]
+	}
+	return pn
 }
 
 // nodeLease is lockstepd's lease on node in the cache's store, or nil when there is none or the
@@ -371,7 +387,7 @@ func (p *Placer) addReservations(ctx context.Context, byNode map[string][]placem
 			continue
 		}
 		byNode[node] = append(byNode[node], placement.Member{Pair: pair, Role: placement.Secondary, VCPUs: prim.VCPUs,
-			LogBandwidthMbps: prim.LogBandwidthMbps, Reserved: true})
+			LogBandwidthMbps: prim.LogBandwidthMbps, Requests: prim.Requests, Reserved: true})
 	}
 	return nil
 }
@@ -381,14 +397,19 @@ func pairKey(namespace, name string) string {
 	return namespace + "/" + name
 }
 
-// memberOf is a member VMI as placement counts it.
-func memberOf(v *virtv1.VirtualMachineInstance) placement.Member {
+// memberOf is a member VMI as placement counts it: its launcher pod sized as KubeVirt sizes it.
+func memberOf(ctx context.Context, v *virtv1.VirtualMachineInstance) placement.Member {
 	bw, _ := strconv.Atoi(v.Annotations[ftv1.AnnotationReservedLogBandwidth])
+	cpu, memory, err := kubevirtsize.LauncherRequests(v)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("a member's launcher cannot be sized", "vmi", v.Name, "err", err.Error())
+	}
 	return placement.Member{
 		Pair:             pairKey(v.Namespace, v.Labels[ftv1.LabelPair]),
 		Role:             placement.Role(v.Labels[ftv1.LabelRole]),
 		VCPUs:            member.VCPUs(&v.Spec),
 		LogBandwidthMbps: bw,
+		Requests:         placement.Resources{MilliCPU: cpu, MemoryBytes: memory},
 	}
 }
 

@@ -58,6 +58,18 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 	if err != nil {
 		return err
 	}
+	podCache, err := NewNodeRequestsCache(mgr)
+	if err != nil {
+		return err
+	}
+	pods, err := podCache.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return err
+	}
+	requests, err := NewNodeRequests(pods)
+	if err != nil {
+		return err
+	}
 	var leases Store
 	if cfg.Member.COLO.Enabled {
 		if leases, err = InformerLister(ctx, mgr.GetCache(), &coordinationv1.Lease{}); err != nil {
@@ -71,7 +83,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Recorder:  mgr.GetEventRecorder("lockstep-operator"),
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace, Leases: leases},
+			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace, Leases: leases,
+			Requests: requests},
 		Config: cfg,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {

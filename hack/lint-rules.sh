@@ -3,7 +3,7 @@
 # import the rule forbids into a package the rule covers, and expects golangci-lint to refuse it
 # with that rule's name. The probes are removed whatever happens.
 set -euo pipefail
-lint=${GOLANGCI_LINT:-bin/golangci-lint}
+lint=${GOLANGCI_LINT:-bin/golangci-kal}
 cd "$(dirname "$0")/.."
 mod=github.com/lockstep-dev/lockstep
 probes=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs a pinned Go tool into ~/.cache/lockstep/tools/<name>@<version>/ and links it into bin/.
 #
-#   hack/tools.sh controller-gen|golangci-lint|golangci-kal|kustomize|helm|promtool|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc ...
+#   hack/tools.sh controller-gen|golangci-lint|golangci-kal|kustomize|helm|promtool|ginkgo|buf|protoc-gen-go|protoc-gen-go-grpc|kubeconform|kube-score ...
 #
 # Reruns are instant: a tool is built once per version.
 set -euo pipefail
@@ -21,6 +21,9 @@ pkg_of() {
     # golangci-lint with the Kube API Linter built in (a module plugin), for make lint-api.
     golangci-kal)   echo "sigs.k8s.io/kube-api-linter@v0.0.0-20260716143926-092fe0c72997" ;;
     kwokctl)        echo "sigs.k8s.io/kwok/cmd/kwokctl@v0.8.0" ;;
+    # The outside judges of make lint-manifests.
+    kubeconform)    echo "github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0" ;;
+    kube-score)     echo "github.com/zegl/kube-score/cmd/kube-score@v1.20.0" ;;
     kwok)           echo "sigs.k8s.io/kwok/cmd/kwok@v0.8.0" ;;
     buf)            echo "github.com/bufbuild/buf/cmd/buf@v1.75.0" ;;
     protoc-gen-go)  echo "google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12" ;;

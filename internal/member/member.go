@@ -20,6 +20,7 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 )
 
 // LoggingInterfaceName is reserved: no member has a NIC of that name. The logging network is
@@ -221,6 +222,17 @@ func reserveInFull(spec *virtv1.VirtualMachineInstanceSpec, opts Options) {
 		}
 		d.CPU.DedicatedCPUPlacement = true
 	}
+}
+
+// LauncherRequests is what the launcher pod of a member built from tmpl in role will request of
+// its node (kubevirtsize): the template reserved in full, and on a COLO secondary its RAM cache.
+func LauncherRequests(tmpl ftv1.VMITemplate, role string, opts Options) (milliCPU, memoryBytes int64, err error) {
+	vmi := &virtv1.VirtualMachineInstance{Spec: *tmpl.Spec.DeepCopy()}
+	reserveInFull(&vmi.Spec, opts)
+	if opts.COLO.Enabled && role == ftv1.RoleSecondary {
+		reserveRAMCache(&vmi.Spec)
+	}
+	return kubevirtsize.LauncherRequests(vmi)
 }
 
 // GuestMemory is the memory the guest sees: memory.guest, else the memory request.

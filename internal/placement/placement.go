@@ -10,7 +10,10 @@
 //   - FT logging traffic is asymmetric (the primary sends, the secondary receives), so among the
 //     nodes that fit, the one whose traffic in the member's direction stays lowest wins:
 //     primaries spread out, and a node ends up with primaries of some pairs and secondaries of
-//     others.
+//     others;
+//   - a member's launcher pod gets the node's CPU and memory as the scheduler counts them: what
+//     the node can allocate, less what its pods request, counts besides the FT limits, so that a
+//     member is never pinned to a node where it could only run by preempting another pod.
 package placement
 
 import (
@@ -39,6 +42,17 @@ type Limits struct {
 	LogBandwidthMbps int
 }
 
+// Resources are CPU and memory as the scheduler counts them: what pods request, what a node can
+// allocate.
+type Resources struct {
+	MilliCPU, MemoryBytes int64
+}
+
+// Add is r plus o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{MilliCPU: r.MilliCPU + o.MilliCPU, MemoryBytes: r.MemoryBytes + o.MemoryBytes}
+}
+
 // Member is an FT member placed on a node. Members that placement has decided on but that the
 // cluster does not show yet must be included too, or a limit can be exceeded.
 type Member struct {
@@ -53,6 +67,11 @@ type Member struct {
 	// Alone: a primary whose pair keeps no secondary by choice (protection Disabled): no slot is
 	// held for one.
 	Alone bool
+	// Requests is what the member's launcher pod requests of its node.
+	Requests Resources
+	// PodCounted: the member's launcher pod is bound to the node, so the node's Requested already
+	// holds its Requests.
+	PodCounted bool
 }
 
 // Node is a node as placement sees it.
@@ -65,6 +84,11 @@ type Node struct {
 	Unavailable string
 	Limits      Limits
 	Members     []Member
+	// Allocatable is the node's allocatable CPU and memory; a zero field is not reported, and that
+	// resource is not counted on the node.
+	Allocatable Resources
+	// Requested is what the pods bound to the node request, members' launcher pods included.
+	Requested Resources
 }
 
 // Request asks for a node for one member.
@@ -85,6 +109,13 @@ type Request struct {
 	// PreferNode, when set, is the node to use when it fits, before any other: the node where a
 	// new secondary can take over an earlier secondary's copies of the disks.
 	PreferNode string
+	// Requests is what the member's launcher pod will request of its node.
+	Requests Resources
+}
+
+// member is the member req places, as a node counts it once placed.
+func (req Request) member() Member {
+	return Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps, Requests: req.Requests}
 }
 
 // Reasons a node is rejected, as they appear in Decision.Rejected.
@@ -98,6 +129,9 @@ const (
 	RejectNoTopologyInfo = "has no value for the topology key"
 	RejectNotAsked       = "not the node asked for"
 	RejectSuspect        = "lost or dropped a member of this pair moments ago"
+	// As the scheduler says them.
+	RejectInsufficientCPU    = "Insufficient cpu"
+	RejectInsufficientMemory = "Insufficient memory"
 )
 
 // ErrNoEligibleNode is returned (wrapped in a *NoEligibleNodeError) when no node fits.
@@ -140,14 +174,20 @@ type Usage struct {
 	Members, VCPUs     int
 	Primaries          int
 	SendMbps, RecvMbps int
+	// Requested is what the node's pods request and what its members whose pods are not bound yet
+	// (or reservations) will.
+	Requested Resources
 }
 
 // UsageOf sums a node's members.
 func UsageOf(n Node) Usage {
-	var u Usage
+	u := Usage{Requested: n.Requested}
 	for _, m := range n.Members {
 		u.Members++
 		u.VCPUs += m.VCPUs
+		if !m.PodCounted {
+			u.Requested = u.Requested.Add(m.Requests)
+		}
 		if m.Role == Primary {
 			u.Primaries++
 			u.SendMbps += m.LogBandwidthMbps
@@ -222,6 +262,13 @@ func Fits(n Node, req Request) string {
 	}
 	if bw := n.Limits.LogBandwidthMbps; bw > 0 && u.SendMbps+u.RecvMbps+req.LogBandwidthMbps > bw {
 		return RejectLogBandwidth
+	}
+	after := u.Requested.Add(req.Requests)
+	if a := n.Allocatable.MilliCPU; a > 0 && after.MilliCPU > a {
+		return RejectInsufficientCPU
+	}
+	if a := n.Allocatable.MemoryBytes; a > 0 && after.MemoryBytes > a {
+		return RejectInsufficientMemory
 	}
 	return ""
 }
@@ -318,8 +365,7 @@ func PlacePair(nodes []Node, primary, secondary Request, separateDomains bool) (
 			if with[i].Name != p {
 				continue
 			}
-			with[i].Members = append(append([]Member{}, with[i].Members...),
-				Member{Pair: primary.Pair, Role: primary.Role, VCPUs: primary.VCPUs, LogBandwidthMbps: primary.LogBandwidthMbps})
+			with[i].Members = append(append([]Member{}, with[i].Members...), primary.member())
 			if separateDomains {
 				req.AvoidDomains = append(append([]string{}, secondary.AvoidDomains...), with[i].Domain)
 			}
@@ -377,14 +423,17 @@ func HoldWaitingSecondaries(nodes []Node) []Node {
 	sort.Strings(waiting)
 	for _, pair := range waiting {
 		m := primaries[pair]
-		req := Request{Pair: pair, Role: Secondary, VCPUs: m.VCPUs, LogBandwidthMbps: m.LogBandwidthMbps, AvoidNodes: []string{primaryNode[pair]}}
+		// Sized as its primary: the secondary's own request (a COLO secondary's RAM cache) is
+		// known only to its FaultTolerantVM's next decision.
+		req := Request{Pair: pair, Role: Secondary, VCPUs: m.VCPUs, LogBandwidthMbps: m.LogBandwidthMbps, Requests: m.Requests,
+			AvoidNodes: []string{primaryNode[pair]}}
 		node, err := Place(out, req)
 		if err != nil {
 			continue
 		}
 		for i := range out {
 			if out[i].Name == node {
-				out[i].Members = append(out[i].Members, Member{Pair: pair, Role: Secondary, VCPUs: m.VCPUs, LogBandwidthMbps: m.LogBandwidthMbps})
+				out[i].Members = append(out[i].Members, req.member())
 			}
 		}
 	}

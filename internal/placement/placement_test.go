@@ -565,3 +565,58 @@ func TestSuspectNodesAvoidedUnlessAskedFor(t *testing.T) {
 		t.Fatalf("the node asked for: %q, %v", got, err)
 	}
 }
+
+func TestPlaceCountsAllocatableResources(t *testing.T) {
+	const gi = int64(1) << 30
+	alloc := Resources{MilliCPU: 8000, MemoryBytes: 32 * gi}
+	member := Resources{MilliCPU: 2000, MemoryBytes: 4 * gi}
+	cases := []struct {
+		name string
+		node Node
+		want string
+	}{
+		{"room", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc, Requested: Resources{MilliCPU: 6000, MemoryBytes: 28 * gi}}, ""},
+		{"other pods take the CPU", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc, Requested: Resources{MilliCPU: 6001}}, RejectInsufficientCPU},
+		{"other pods take the memory", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc, Requested: Resources{MemoryBytes: 28*gi + 1}}, RejectInsufficientMemory},
+		{"a member not bound yet counts", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc,
+			Members: []Member{{Pair: "y", Role: Primary, VCPUs: 1, Requests: Resources{MilliCPU: 6500}}}}, RejectInsufficientCPU},
+		{"a bound member counts once, in Requested", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc, Requested: Resources{MilliCPU: 6000},
+			Members: []Member{{Pair: "y", Role: Primary, VCPUs: 1, Requests: Resources{MilliCPU: 6000}, PodCounted: true}}}, ""},
+		{"a reservation holds its room", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc,
+			Members: []Member{{Pair: "y", Role: Secondary, VCPUs: 1, Reserved: true, Requests: Resources{MemoryBytes: 30 * gi}}}}, RejectInsufficientMemory},
+		{"the pair's own reservation is its room", Node{Name: "n", Limits: defaultLimits, Allocatable: alloc,
+			Members: []Member{{Pair: "x", Role: Secondary, VCPUs: 1, Reserved: true, Requests: Resources{MemoryBytes: 30 * gi}}}}, ""},
+		{"not reported: not counted", Node{Name: "n", Limits: defaultLimits, Requested: Resources{MilliCPU: 99000, MemoryBytes: 99 * gi}}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := Fits(c.node, Request{Pair: "x", Role: Secondary, VCPUs: 2, Requests: member}); got != c.want {
+				t.Fatalf("Fits = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestPlacePairCountsThePrimarysRequestsForItsSecondary(t *testing.T) {
+	const gi = int64(1) << 30
+	// Two nodes with room for one 12 GiB member each, a third with room for one small one: the
+	// pair needs both big nodes, and a new lone primary must not take the slot of a waiting
+	// secondary sized as its primary.
+	big := func(name string) Node {
+		return Node{Name: name, Limits: defaultLimits, Allocatable: Resources{MilliCPU: 8000, MemoryBytes: 16 * gi}}
+	}
+	nodes := []Node{big("a"), big("b")}
+	req := Resources{MilliCPU: 1000, MemoryBytes: 12 * gi}
+	pp, err := PlacePair(nodes, Request{Pair: "x", Role: Primary, VCPUs: 1, Requests: req}, Request{Pair: "x", Role: Secondary, VCPUs: 1, Requests: req}, false)
+	if err != nil || pp.Secondary == "" {
+		t.Fatalf("PlacePair = %+v, %v", pp, err)
+	}
+	// The pair "w" runs a primary on a without a secondary: b is held for it.
+	nodes = []Node{big("a"), big("b")}
+	nodes[0].Members = []Member{{Pair: "w", Role: Primary, VCPUs: 1, Requests: req}}
+	_, err = PlacePair(nodes, Request{Pair: "x", Role: Primary, VCPUs: 1, Requests: req}, Request{Pair: "x", Role: Secondary, VCPUs: 1, Requests: req}, false)
+	var nee *NoEligibleNodeError
+	if !errors.As(err, &nee) || nee.Rejected["a"] != RejectInsufficientMemory || nee.Rejected["b"] != RejectInsufficientMemory {
+		t.Fatalf("want both nodes short of memory, got %v", err)
+	}
+}

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
-	"github.com/lockstep-dev/lockstep/test/virtlauncher"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 )
 
 // Launcher is the local-cluster double of virt-controller's pod handling (and of the phase
@@ -109,9 +109,9 @@ func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInst
 
 // LauncherPod builds the launcher-like pod of a VMI: what the scheduler needs to decide as it
 // would for KubeVirt's virt-launcher, its compute container's memory sized as KubeVirt sizes it
-// (virtlauncher.LauncherMemory: the VMI's request and limit, each plus KubeVirt's overhead).
+// (kubevirtsize.LauncherMemory: the VMI's request and limit, each plus KubeVirt's overhead).
 func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod, error) {
-	memRequest, memLimit, err := virtlauncher.LauncherMemory(vmi)
+	memRequest, memLimit, err := kubevirtsize.LauncherMemory(vmi)
 	if err != nil {
 		return nil, err
 	}

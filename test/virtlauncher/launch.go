@@ -15,6 +15,7 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/lockstep-dev/lockstep/internal/kubevirthook"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 )
 
 // Member is what virt-launcher has of a member VMI when it starts its domain.
@@ -147,7 +148,7 @@ const notRunMiB = 25 + 100 + 25
 // the VMI has no memory limit (kubelet sets none), and nil, with nothing enforced, where this
 // machine has no memory cgroup.
 func launcherCgroup(m Member) (*MemoryCgroup, error) {
-	_, limit, err := LauncherMemory(m.VMI)
+	_, limit, err := kubevirtsize.LauncherMemory(m.VMI)
 	if err != nil || limit.IsZero() {
 		return nil, err
 	}

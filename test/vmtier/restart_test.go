@@ -48,14 +48,12 @@ func TestColoSurvivesLockstepdRestarts(t *testing.T) {
 	cl.checkDisk(winner)
 }
 
-// TestColoGoLiveSurvivesALockstepdCrash: the secondary's lockstepd won the pair's record (its
-// primary's node was lost) and died before its QEMU went live. The VM's only copy is that
-// secondary, still in COLO with its packet redirectors in place. The next lockstepd finds the
-// record naming the member and starts it as the primary it is: it must finish the go-live, so
-// that the VM serves the next count on the same boot with its disk holding it, not leave the
-// guest's replies redirected to a primary that is gone.
-func TestColoGoLiveSurvivesALockstepdCrash(t *testing.T) { goLiveSurvivesALockstepdCrash(t, direct) }
-
+// goLiveSurvivesALockstepdCrash: the secondary's lockstepd won the pair's record (its primary's
+// node was lost) and died before its QEMU went live. The VM's only copy is that secondary, still
+// in COLO with its packet redirectors in place. The next lockstepd finds the record naming the
+// member and starts it as the primary it is: it must finish the go-live, so that the VM serves
+// the next count on the same boot with its disk holding it, not leave the guest's replies
+// redirected to a primary that is gone.
 func goLiveSurvivesALockstepdCrash(t *testing.T, on stack) {
 	c, cl, p, s := protectedPair(t, 2, on)
 

@@ -1,4 +1,11 @@
-package virtlauncher
+// Package kubevirtsize is how KubeVirt v1.9's virt-controller sizes a VMI's launcher pod: the
+// compute container, where virt-launcher, its libvirt daemons and QEMU run, gets the VMI's CPU
+// request, and its memory request and limit each plus KubeVirt's estimate of the VMI's overhead
+// (the KVM backend's GetMemoryOverhead, with no additional overhead ratio configured). The
+// scheduler places the pod by the requests; the kernel kills what the container holds beyond the
+// limit. The operator counts a member it is about to place by it, and the KubeVirt test double
+// sizes its launcher pods by it. It is pure: no Kubernetes clients, no I/O.
+package kubevirtsize
 
 import (
 	"fmt"
@@ -7,12 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	virtv1 "kubevirt.io/api/core/v1"
 )
-
-// This file is how KubeVirt v1.9's virt-controller sizes the memory of a VMI's launcher pod: the
-// compute container, where virt-launcher, its libvirt daemons and QEMU run, gets the VMI's memory
-// request and limit, each plus KubeVirt's estimate of the VMI's overhead (the KVM backend's
-// GetMemoryOverhead, with no additional overhead ratio configured). The scheduler places the pod
-// by the request; the kernel kills what the container holds beyond the limit.
 
 // Overhead is what KubeVirt v1.9 adds to a VMI's memory for its launcher: page tables (a bit per
 // 512 bytes of the memory request), virt-launcher's monitor and itself, virtlogd, virtqemud and
@@ -84,6 +85,23 @@ func LauncherMemory(vmi *virtv1.VirtualMachineInstance) (request, limit resource
 		limit = resource.Quantity{}
 	}
 	return request, limit, nil
+}
+
+// LauncherRequests is what the launcher pod of vmi requests of its node: the compute container's
+// CPU request (the VMI's, else its limit) and memory request (LauncherMemory), in millicores and
+// bytes. KubeVirt's sidecars (a hook's, for one) are not counted: their size is KubeVirt's
+// configuration, not the VMI's.
+func LauncherRequests(vmi *virtv1.VirtualMachineInstance) (milliCPU, memoryBytes int64, err error) {
+	memory, _, err := LauncherMemory(vmi)
+	if err != nil {
+		return 0, 0, err
+	}
+	res := vmi.Spec.Domain.Resources
+	cpu, ok := res.Requests[corev1.ResourceCPU]
+	if !ok {
+		cpu = res.Limits[corev1.ResourceCPU]
+	}
+	return cpu.MilliValue(), memory.Value(), nil
 }
 
 // vcpus is the VMI's vCPUs as KubeVirt counts them once its webhook has set the topology: sockets

@@ -1,4 +1,4 @@
-package virtlauncher
+package kubevirtsize_test
 
 import (
 	"testing"
@@ -9,6 +9,7 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 	"github.com/lockstep-dev/lockstep/internal/member"
 )
 
@@ -66,7 +67,7 @@ func TestLauncherMemoryIsKubeVirts(t *testing.T) {
 		{"no memory at all", vmi(func(*virtv1.VirtualMachineInstanceSpec) {}), "", "", "", "sets neither"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			request, limit, err := LauncherMemory(c.vmi)
+			request, limit, err := kubevirtsize.LauncherMemory(c.vmi)
 			if c.reason != "" {
 				if err == nil {
 					t.Fatalf("got %s/%s, want an error", request.String(), limit.String())
@@ -76,7 +77,7 @@ func TestLauncherMemoryIsKubeVirts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			overhead := Overhead(c.vmi)
+			overhead := kubevirtsize.Overhead(c.vmi)
 			// Page tables are counted in bytes: compare in whole MiB, as KubeVirt's figures are.
 			if got := overhead.Value() >> 20; got != mib(c.overhead) {
 				t.Errorf("overhead %dMi, want %s", got, c.overhead)
@@ -108,4 +109,37 @@ func builtMember(t *testing.T, role string) *virtv1.VirtualMachineInstance {
 		t.Fatal(err)
 	}
 	return vmi
+}
+
+// TestAMemberIsPlacedAtTheSizeItIsBuilt: placement sizes a member before it is built
+// (member.LauncherRequests, from the template); the VMI that member.Build then makes asks for
+// exactly that, or a node could be chosen that the member does not fit.
+func TestAMemberIsPlacedAtTheSizeItIsBuilt(t *testing.T) {
+	for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
+		vmi := builtMember(t, role)
+		cpu, memory, err := kubevirtsize.LauncherRequests(vmi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl, err := member.DecodeTemplate(vmi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCPU, wantMemory, err := member.LauncherRequests(tmpl, role, member.Options{COLO: member.COLO{Enabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cpu != wantCPU || memory != wantMemory {
+			t.Errorf("%s: built at %dm CPU and %d MiB, placed at %dm and %d MiB", role, cpu, memory>>20, wantCPU, wantMemory>>20)
+		}
+		if cpu != 2000 {
+			t.Errorf("%s: %dm CPU, want its 2 vCPUs in full", role, cpu)
+		}
+		if role == ftv1.RoleSecondary {
+			primaryCPU, primaryMemory, _ := kubevirtsize.LauncherRequests(builtMember(t, ftv1.RolePrimary))
+			if memory-primaryMemory < 512<<20 || cpu != primaryCPU {
+				t.Errorf("a COLO secondary holds its RAM cache: %d MiB against its primary's %d MiB", memory>>20, primaryMemory>>20)
+			}
+		}
+	}
 }
