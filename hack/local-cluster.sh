@@ -50,8 +50,9 @@
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
-# Nodes carry realistic capacity (16 CPUs, 64 GiB), hostname and zone labels (zone-a/b/c in
-# turn). hack/kwokctl.yaml makes a lost node show within seconds (node monitor period 2s, grace
+# Nodes carry realistic capacity (16 CPUs, 64 GiB, 100 GiB of ephemeral storage: a kubelet reports
+# it, and lockstep's pods request some), hostname and zone labels (zone-a/b/c in turn).
+# hack/kwokctl.yaml makes a lost node show within seconds (node monitor period 2s, grace
 # 8s); `kill-node` stops kwok's simulation of one node (see kill_node).
 set -euo pipefail
 
@@ -364,8 +365,8 @@ metadata:
     topology.kubernetes.io/zone: $2
     type: kwok
 status:
-  allocatable: {cpu: "16", memory: 64Gi, pods: "110"}
-  capacity: {cpu: "16", memory: 64Gi, pods: "110"}
+  allocatable: {cpu: "16", memory: 64Gi, ephemeral-storage: 100Gi, pods: "110"}
+  capacity: {cpu: "16", memory: 64Gi, ephemeral-storage: 100Gi, pods: "110"}
 EOF
 }
 

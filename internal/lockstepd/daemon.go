@@ -55,6 +55,8 @@ type Daemon struct {
 
 	mu     sync.Mutex
 	agents map[types.NamespacedName]*member // by VMI
+	// certs is the node's certificate as it is served (its expiry is a metric).
+	certs *certFiles
 }
 
 // member is a running member and what the daemon remembers of it.
@@ -90,6 +92,7 @@ func LeaseName(ftvm string) string { return ftv1.RecordName(ftvm) }
 // directories, the member reconciler, the metrics and the readiness check.
 func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	files := &certFiles{cfg: &d.Config}
+	d.certs = files
 	tc, err := files.tlsConfig()
 	if err != nil {
 		return fmt.Errorf("loading the node's TLS files: %w", err)

@@ -29,16 +29,22 @@ var (
 	descResyncDone  = prometheus.NewDesc("lockstepd_resync_done_bytes", "While the primary copies its disks into a new secondary: what is copied, of all its replicated disks together.", metricLabels, nil)
 	descResyncTotal = prometheus.NewDesc("lockstepd_resync_total_bytes", "While the primary copies its disks into a new secondary: what there is to copy (QEMU's estimate, which grows when the guest writes where the copy has passed).", metricLabels, nil)
 	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
+	descCertExpiry  = prometheus.NewDesc("lockstepd_certificate_expiration_timestamp_seconds", "When the node certificate that lockstepd serves expires. lockstepd renews it at two thirds of its lifetime; once it expires, peers refuse the node.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused, descCertExpiry} {
 		ch <- d
 	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(c.d.Node.Refused()))
+	if c.d.certs != nil {
+		if at, err := c.d.certs.notAfter(); err == nil {
+			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(at.Unix()))
+		}
+	}
 	for _, st := range c.d.Statuses() {
 		l := []string{st.Pair, vmiOf(st.Identity)}
 		for s := failover.Protected; s <= failover.Fenced; s++ {

@@ -50,6 +50,15 @@ func (f *certFiles) load() (*tls.Certificate, *x509.CertPool, error) {
 	return f.cert, f.pool, nil
 }
 
+// notAfter is when the certificate served now expires.
+func (f *certFiles) notAfter() (time.Time, error) {
+	c, _, err := f.load()
+	if err != nil {
+		return time.Time{}, err
+	}
+	return c.Leaf.NotAfter, nil
+}
+
 // ownCertificate reads the node's certificate and key, and checks that the certificate names this
 // node: peers accept a node only under its own name.
 func ownCertificate(cfg *Config) (tls.Certificate, error) {

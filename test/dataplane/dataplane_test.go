@@ -107,7 +107,8 @@ func TestKill9PrimaryFailsOverWithNothingLost(t *testing.T) {
 		t.Fatalf("readyz of the primary's lockstepd: %d %s", code, body)
 	}
 	_, metrics := c.get(c.nodes[0], "http://127.0.0.1:9410/metrics")
-	for _, want := range []string{`lockstepd_side_state{pair="` + c.ns + `/vm",state="Protected",vmi="a"} 1`, `lockstepd_log_bytes_total{pair="` + c.ns + `/vm",vmi="a"}`} {
+	for _, want := range []string{`lockstepd_side_state{pair="` + c.ns + `/vm",state="Protected",vmi="a"} 1`, `lockstepd_log_bytes_total{pair="` + c.ns + `/vm",vmi="a"}`,
+		"lockstepd_certificate_expiration_timestamp_seconds "} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("the primary's metrics lack %s:\n%s", want, metrics)
 		}
