@@ -218,8 +218,7 @@ func (p *Placer) assume(key types.NamespacedName, node string, req placement.Req
 	if p.assumed == nil {
 		p.assumed = map[types.NamespacedName]assumedMember{}
 	}
-	p.assumed[key] = assumedMember{node: node, at: time.Now(), creating: true,
-		member: placement.Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps, Requests: req.Requests}}
+	p.assumed[key] = assumedMember{node: node, at: time.Now(), creating: true, member: req.Member()}
 }
 
 // noNode counts a placement that found no node and logs, at debug level, what each node held.

@@ -42,7 +42,7 @@ const hookSocket = "/var/run/kubevirt-hooks/lockstep.sock"
 //   - each one's two overlays (Overlays): emptyDisk volumes of its size, on every member so that
 //     both VMIs keep one spec (the hook never shows them to the guest);
 //   - on a secondary, startStrategy Paused: it waits for its primary's state, and neither
-//     KubeVirt nor libvirt may resume it; and its RAM cache in its memory reservation;
+//     KubeVirt nor libvirt may resume it (its RAM cache is in its memory reservation: reserve);
 //   - the guest's CPU model, when the template names none and one is configured;
 //   - the hook sidecar, when an image is configured.
 func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
@@ -87,7 +87,6 @@ func applyCOLO(vmi *virtv1.VirtualMachineInstance, m Member, c COLO) error {
 	if m.Role == ftv1.RoleSecondary {
 		paused := virtv1.StartStrategyPaused
 		spec.StartStrategy = &paused
-		reserveRAMCache(spec)
 	}
 	if c.HookSidecarImage != "" {
 		args := []string{"--sidecar-socket", hookSocket}

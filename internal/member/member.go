@@ -133,7 +133,7 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 		return nil, err
 	}
 	spec := *tmpl.Spec.DeepCopy()
-	reserveInFull(&spec, opts)
+	reserve(&spec, m.Role, opts)
 	if spec.PriorityClassName == "" {
 		spec.PriorityClassName = opts.PriorityClassName
 	}
@@ -224,14 +224,21 @@ func reserveInFull(spec *virtv1.VirtualMachineInstanceSpec, opts Options) {
 	}
 }
 
+// reserve is a member's reservation: the template's resources in full, and on a COLO secondary
+// its RAM cache too. Build and LauncherRequests both size a member by it, so that a member is
+// placed at the size it is built.
+func reserve(spec *virtv1.VirtualMachineInstanceSpec, role string, opts Options) {
+	reserveInFull(spec, opts)
+	if opts.COLO.Enabled && role == ftv1.RoleSecondary {
+		reserveRAMCache(spec)
+	}
+}
+
 // LauncherRequests is what the launcher pod of a member built from tmpl in role will request of
-// its node (kubevirtsize): the template reserved in full, and on a COLO secondary its RAM cache.
+// its node (kubevirtsize), reserved as Build reserves it.
 func LauncherRequests(tmpl ftv1.VMITemplate, role string, opts Options) (milliCPU, memoryBytes int64, err error) {
 	vmi := &virtv1.VirtualMachineInstance{Spec: *tmpl.Spec.DeepCopy()}
-	reserveInFull(&vmi.Spec, opts)
-	if opts.COLO.Enabled && role == ftv1.RoleSecondary {
-		reserveRAMCache(&vmi.Spec)
-	}
+	reserve(&vmi.Spec, role, opts)
 	return kubevirtsize.LauncherRequests(vmi)
 }
 

@@ -113,8 +113,8 @@ type Request struct {
 	Requests Resources
 }
 
-// member is the member req places, as a node counts it once placed.
-func (req Request) member() Member {
+// Member is the member req places, as a node counts it once placed.
+func (req Request) Member() Member {
 	return Member{Pair: req.Pair, Role: req.Role, VCPUs: req.VCPUs, LogBandwidthMbps: req.LogBandwidthMbps, Requests: req.Requests}
 }
 
@@ -365,7 +365,7 @@ func PlacePair(nodes []Node, primary, secondary Request, separateDomains bool) (
 			if with[i].Name != p {
 				continue
 			}
-			with[i].Members = append(append([]Member{}, with[i].Members...), primary.member())
+			with[i].Members = append(append([]Member{}, with[i].Members...), primary.Member())
 			if separateDomains {
 				req.AvoidDomains = append(append([]string{}, secondary.AvoidDomains...), with[i].Domain)
 			}
@@ -433,7 +433,7 @@ func HoldWaitingSecondaries(nodes []Node) []Node {
 		}
 		for i := range out {
 			if out[i].Name == node {
-				out[i].Members = append(out[i].Members, req.member())
+				out[i].Members = append(out[i].Members, req.Member())
 			}
 		}
 	}
