@@ -203,10 +203,11 @@ installer: manifests $(KUSTOMIZE) ## Render config/default (CRD, RBAC, operator)
 	$(KUSTOMIZE) build config/lockstepd > $(BIN)/install-lockstepd.yaml
 
 .PHONY: build
-build: ## Build the binaries into bin/ (and the KubeVirt test double of the local cluster).
+build: ## Build the binaries into bin/ (the kubectl plugin kubectl-ftvm among them, and the KubeVirt test double of the local cluster).
 	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstep-operator ./cmd/lockstep-operator
 	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstepd ./cmd/lockstepd
 	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook
+	go build -ldflags "$(VERSION_LDFLAGS)" -o $(BIN)/kubectl-ftvm ./cmd/kubectl-ftvm
 	go build -o $(BIN)/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double
 
 IMAGE_BINARIES := lockstep-operator lockstepd lockstep-kubevirt-hook

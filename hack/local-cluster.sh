@@ -96,7 +96,8 @@ up() {
     "$ROOT/hack/libvirt.sh" >/dev/null
     (cd "$ROOT" && go build -o bin/lockstepd ./cmd/lockstepd &&
       go build -o bin/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook &&
-      go build -o bin/counter-client ./test/counter/cmd/counter-client)
+      go build -o bin/counter-client ./test/counter/cmd/counter-client &&
+      go build -o bin/kubectl-ftvm ./cmd/kubectl-ftvm)
   fi
   if ! exists; then
     "$ROOT/bin/kwokctl" create cluster --name "$NAME" --runtime binary \

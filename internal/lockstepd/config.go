@@ -60,6 +60,9 @@ type Config struct {
 	Engine string
 	// Namespace is lockstepd's own, where it keeps its node lease (ftv1.NodeLeaseName).
 	Namespace string
+	// ReprotectionTimeout bounds how long a restarted lockstepd stays unready while the VMs its
+	// node held are not protected again (reprotection.go; 0: no bound).
+	ReprotectionTimeout time.Duration
 }
 
 // DefaultConfig is the configuration with every flag at its default.
@@ -96,6 +99,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HealthAddress, "health-probe-bind-address", ":9411", "Health and readiness probes address (0: off).")
 	fs.StringVar(&c.GateHook, "gate-hook", "forward", "Where the kernel gate catches VM packets: forward or output.")
 	fs.StringVar(&c.Engine, "engine", "", "VM engine.")
+	fs.DurationVar(&c.ReprotectionTimeout, "reprotection-timeout", 30*time.Minute, "After a restart, lockstepd is not ready (a rollout of its DaemonSet waits) until the VMs its node held protected when it stopped are protected again, for at most this long (0: no limit).")
 	fs.StringVar(&c.Namespace, "namespace", "lockstep-system", "lockstepd's namespace (the DaemonSet passes metadata.namespace), where it renews its node lease, lockstepd-<node-name>.")
 }
 

@@ -37,6 +37,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms/status,verbs=patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -57,6 +58,9 @@ type Daemon struct {
 	agents map[types.NamespacedName]*member // by VMI
 	// certs is the node's certificate as it is served (its expiry is a metric).
 	certs *certFiles
+	// reprotection keeps lockstepd unready after a restart until the VMs its node held are
+	// protected again.
+	reprotection *reprotectionGate
 }
 
 // member is a running member and what the daemon remembers of it.
@@ -112,6 +116,17 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(&dirSweeper{RunDir: d.Config.RunDir, Reader: mgr.GetClient(), Every: 5 * time.Minute, Grace: 10 * time.Minute}); err != nil {
 		return err
 	}
+	d.reprotection = &reprotectionGate{RunDir: d.Config.RunDir, Reader: d.Records, Timeout: d.Config.ReprotectionTimeout, Every: 5 * time.Second}
+	if err := d.reprotection.load(time.Now()); err != nil {
+		// Readiness then waits for nothing: a rollout goes on as before the ledger.
+		mgr.GetLogger().Error(err, "reading the reprotection ledger the last lockstepd on this node left; ignoring it")
+	}
+	if err := mgr.Add(d.reprotection); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("reprotection", d.reprotection.Check); err != nil {
+		return err
+	}
 	if err := mgr.AddReadyzCheck("ft-log-listener", func(*http.Request) error {
 		select {
 		case <-d.ready:
@@ -150,9 +165,46 @@ func (d *Daemon) serve(ctx context.Context) error {
 	close(d.ready)
 	log.FromContext(ctx).Info("serving FT logs and streams", "logs", logs.Addr().String(), "streams", streams.Addr().String(),
 		"advertise", d.Config.AdvertiseAddress, "stream-advertise", d.Config.StreamAdvertiseAddress)
-	err = d.Node.Serve(ctx, logs, streams)
+	// The listeners serve until lockstepd stops; the pairs they carry are taken down only after
+	// the ledger names those that were protected, for the next lockstepd on the node to wait for.
+	serving, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	served := make(chan error, 1)
+	go func() { served <- d.Node.Serve(serving, logs, streams) }()
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		served <- err
+	}
+	if herr := d.reprotection.handOver(d.protectedPairs(), time.Now()); herr != nil {
+		log.FromContext(ctx).Error(herr, "writing the reprotection ledger for the next lockstepd on this node")
+	}
+	stopServing()
+	err = <-served
 	d.stopAll()
 	return err
+}
+
+// protectedPairs are the pairs whose member on this node is in a protected pair (a primary
+// streaming to its secondary, or a synchronized secondary), with that secondary.
+func (d *Daemon) protectedPairs() []ProtectedPair {
+	d.mu.Lock()
+	ms := make([]*member, 0, len(d.agents))
+	for _, m := range d.agents {
+		ms = append(ms, m)
+	}
+	d.mu.Unlock()
+	var pairs []ProtectedPair
+	for _, m := range ms {
+		st := m.Agent.Status()
+		switch {
+		case st.State == failover.Protected:
+			pairs = append(pairs, ProtectedPair{Pair: m.pair.String(), Secondary: st.Peer.VMI})
+		case st.State == failover.Replicating && st.Synced:
+			pairs = append(pairs, ProtectedPair{Pair: m.pair.String(), Secondary: vmiOf(st.Identity)})
+		}
+	}
+	return pairs
 }
 
 func (d *Daemon) publishAddresses(ctx context.Context) error {

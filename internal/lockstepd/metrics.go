@@ -29,17 +29,21 @@ var (
 	descResyncDone  = prometheus.NewDesc("lockstepd_resync_done_bytes", "While the primary copies its disks into a new secondary: what is copied, of all its replicated disks together.", metricLabels, nil)
 	descResyncTotal = prometheus.NewDesc("lockstepd_resync_total_bytes", "While the primary copies its disks into a new secondary: what there is to copy (QEMU's estimate, which grows when the guest writes where the copy has passed).", metricLabels, nil)
 	descRefused     = prometheus.NewDesc("lockstepd_peers_refused_total", "Connections to this node's FT log and streams refused because the peer's certificate is not the node of the pair's other member.", nil, nil)
+	descAwaited     = prometheus.NewDesc("lockstepd_reprotection_awaited_vms", "VMs this node held protected when the last lockstepd on it stopped that are not protected again yet: lockstepd is not ready (a rollout of its DaemonSet waits) while it is above 0, up to --reprotection-timeout.", nil, nil)
 	descCertExpiry  = prometheus.NewDesc("lockstepd_certificate_expiration_timestamp_seconds", "When the node certificate that lockstepd serves expires. lockstepd renews it at two thirds of its lifetime; once it expires, peers refuse the node.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused, descCertExpiry} {
+	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused, descCertExpiry, descAwaited} {
 		ch <- d
 	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(c.d.Node.Refused()))
+	if c.d.reprotection != nil {
+		ch <- prometheus.MustNewConstMetric(descAwaited, prometheus.GaugeValue, float64(c.d.reprotection.Awaited()))
+	}
 	if c.d.certs != nil {
 		if at, err := c.d.certs.notAfter(); err == nil {
 			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(at.Unix()))

@@ -4,7 +4,9 @@ package dataplane
 
 import (
 	"context"
+	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -13,7 +15,10 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
@@ -309,6 +314,41 @@ func TestGracefulShutdown(t *testing.T) {
 		return p != nil && p.VMI == "a" && p.State == "Alone" && e == epoch+1
 	})
 	checkInvariants(t, c)
+
+	// It left the pair it kept protected to the next lockstepd on its node, which is not ready
+	// (a DaemonSet's rollout waits) until the VM is protected again.
+	ledger, err := os.ReadFile(filepath.Join(c.runDir(c.nodes[1]), "reprotection-ledger.json"))
+	if err != nil || !strings.Contains(string(ledger), `"pair":"`+c.ns+`/vm","secondary":"b"`) {
+		t.Fatalf("the reprotection ledger: %q, %v; want the pair %s/vm, protected by b", ledger, err, c.ns)
+	}
+	c.start(c.nodes[1])
+	var body string
+	eventually(t, "the next lockstepd answers, not ready, for the VM it awaits", 20*time.Second, func() bool {
+		var code int
+		code, body = c.get(c.nodes[1], "http://127.0.0.1:9411/readyz?verbose")
+		return code == http.StatusInternalServerError && strings.Contains(body, "reprotection failed")
+	})
+	if _, m := c.get(c.nodes[1], "http://127.0.0.1:9410/metrics"); !strings.Contains(m, "lockstepd_reprotection_awaited_vms 1") {
+		t.Fatalf("the next lockstepd's metrics do not count the VM it awaits:\n%s", m)
+	}
+	// What the operator writes once a new secondary ("c") is synchronized; the primary's
+	// lockstepd writes its reports beside it.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		f := c.ftvm()
+		f.Status.Secondary = &ftv1.MemberStatus{VMI: "c", Node: c.nodes[1].name}
+		apimeta.SetStatusCondition(&f.Status.Conditions, metav1.Condition{Type: ftv1.ConditionProtected, Status: metav1.ConditionTrue,
+			Reason: ftv1.ReasonProtected, Message: "a new secondary is synchronized"})
+		return k8s.Status().Update(context.Background(), f)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the next lockstepd is ready once the VM is protected again", 20*time.Second, func() bool {
+		code, _ := c.get(c.nodes[1], "http://127.0.0.1:9411/readyz")
+		return code == http.StatusOK
+	})
+	if _, err := os.Stat(filepath.Join(c.runDir(c.nodes[1]), "reprotection-ledger.json")); !os.IsNotExist(err) {
+		t.Fatalf("the ledger outlived the wait: %v", err)
+	}
 }
 
 // TestOperatorMovesTheRecordWhileBothSidesRun: the node lifecycle, not lockstepd, declared the

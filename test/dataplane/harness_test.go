@@ -197,11 +197,17 @@ func logFile(t testing.TB, dir, name string) *os.File {
 	return f
 }
 
+// runDir is the node's --run-dir, which outlives its lockstepd as a host directory does.
+func (c *cluster) runDir(nd *node) string { return filepath.Join(c.dir, nd.name+"-run") }
+
 // start runs the node's lockstepd.
 func (c *cluster) start(nd *node) {
 	c.t.Helper()
+	if err := os.MkdirAll(c.runDir(nd), 0o755); err != nil {
+		c.t.Fatal(err)
+	}
 	args := []string{"netns", "exec", nd.leaf, filepath.Join(binDir, "lockstepd-vmdouble"),
-		"--node-name", nd.name, "--listen-address", nd.data.AAddr + ":7410", "--advertise-address", nd.advertise(),
+		"--node-name", nd.name, "--run-dir", c.runDir(nd), "--listen-address", nd.data.AAddr + ":7410", "--advertise-address", nd.advertise(),
 		"--tls-cert-file", filepath.Join(nd.tlsDir, "tls.crt"), "--tls-key-file", filepath.Join(nd.tlsDir, "tls.key"),
 		"--tls-ca-file", filepath.Join(nd.tlsDir, "ca.crt"),
 		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(),

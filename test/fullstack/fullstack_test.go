@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -340,6 +341,35 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		expectServing(cl)
 	})
 
+	// A lockstepd restart ends the protection of its node's VMs (docs/colo.md); a rollout of its
+	// DaemonSet must not walk the VM through that on one node after another while it is not
+	// protected again. The double is the kubelet of lockstepd's pods: it stops each with SIGTERM,
+	// and sets the new one Ready from lockstepd's own readiness probe.
+	It("rolls lockstepd out node by node, each node only once the VM is protected again: nothing lost, the unprotected time reported", func() {
+		protected()
+		rollout := lockstepdRollout{}
+		rollout.observeFrom(time.Now())
+		By("a new lockstepd image in the DaemonSet: its pods are replaced one node at a time")
+		kubectl("-n", "lockstep-system", "set", "image", "daemonset/lockstepd", "lockstepd=lockstep-operator:rollout-test")
+		rollout.until(10 * time.Minute)
+		figures.Add("lockstepd rollout (4 nodes): image changed → every pod replaced and ready", rollout.took)
+		figures.Add("lockstepd rollout (4 nodes): the VM unprotected, in all", rollout.unprotected)
+		GinkgoWriter.Print(rollout.timeline())
+		Expect(rollout.replaced).To(HaveLen(nodes), "every node's lockstepd was replaced\n%s", rollout.timeline())
+		Expect(rollout.unprotectedAtRestart).To(BeEmpty(),
+			"a node's lockstepd was stopped before the VM was protected again, by a new secondary, after a restart on a node of its members\n%s", rollout.timeline())
+		Expect(rollout.unprotected).To(BeNumerically(">", 0), "the restarts of its members' nodes ended the VM's protection, for a while\n%s", rollout.timeline())
+		f := protected()
+		expectOnePrimary()
+		expectServing(cl)
+
+		By("kubectl ftvm says the same as the status, from the API server")
+		out := ftvmPlugin("status", ftvmName, "-n", "default")
+		Expect(out).To(ContainSubstring("State:       Protected"))
+		Expect(out).To(ContainSubstring(fmt.Sprintf("Secondary:   %s@%s (synchronized: yes)", f.Status.Secondary.VMI, f.Status.Secondary.Node)))
+		Expect(ftvmPlugin("status", "-A")).To(MatchRegexp(`default\s+%s\s+Protected\s+%s@%s`, ftvmName, f.Status.Primary.VMI, f.Status.Primary.Node))
+	})
+
 	// Last: the seeded schedule of faults, on every part, with the client checking every reply.
 	It("holds under a seeded schedule of faults: QEMU, lockstepd, the logging link, nodes and the operator killed", func() {
 		if cl == nil { // focused alone (-ginkgo.focus='seeded schedule'): the client starts here
@@ -572,4 +602,123 @@ func setProtection(p ftv1.Protection) {
 func expectServing(cl *client) {
 	n := cl.Count()
 	EventuallyWithOffset(1, cl.Count, time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", n+3), "the VM answers the client")
+}
+
+// lockstepdRollout watches a rollout of lockstepd's DaemonSet: every 200 ms, the VM's status and
+// lockstepd's pods. A restart of lockstepd on a node that holds a member of the VM ends the
+// protection the VM had with its secondary then; the rollout must not stop the next node's
+// lockstepd before the VM is Protected again, by another secondary.
+type lockstepdRollout struct {
+	old map[types.UID]string // the pods before the rollout: UID -> node
+	// replaced: node -> when its old pod was first seen deleted; unprotectedAtRestart: the nodes
+	// whose old pod went while the VM was not protected again after an earlier restart.
+	replaced             map[string]time.Time
+	unprotectedAtRestart []string
+	unprotected, took    time.Duration
+	start                time.Time
+	events               []string
+}
+
+func (r *lockstepdRollout) observeFrom(start time.Time) {
+	r.start, r.old, r.replaced = start, map[types.UID]string{}, map[string]time.Time{}
+	for _, p := range lockstepdPods() {
+		r.old[p.UID] = p.Spec.NodeName
+	}
+	Expect(r.old).To(HaveLen(nodes), "one lockstepd pod on each node before the rollout")
+}
+
+// until follows the rollout until every old pod is gone and a new one on each node is ready.
+func (r *lockstepdRollout) until(within time.Duration) {
+	wasProtected, last := true, time.Now()
+	// cutOff: the secondary whose protection the last restart on a member's node ended ("": the
+	// VM has been protected again since, or no restart touched it yet).
+	cutOff := ""
+	deadline := time.Now().Add(within)
+	for {
+		now := time.Now()
+		f := getFTVM()
+		prot := apimeta.IsStatusConditionTrue(f.Status.Conditions, ftv1.ConditionProtected)
+		sec, members := "", map[string]bool{}
+		for _, m := range []*ftv1.MemberStatus{f.Status.Primary, f.Status.Secondary} {
+			if m != nil {
+				members[m.Node] = true
+			}
+		}
+		if f.Status.Secondary != nil {
+			sec = f.Status.Secondary.VMI
+		}
+		if !wasProtected {
+			r.unprotected += now.Sub(last)
+		}
+		if prot != wasProtected {
+			r.note(now, fmt.Sprintf("the VM %s (%s)", map[bool]string{true: "is Protected again", false: "is not Protected"}[prot], conditions(f)))
+		}
+		if cutOff != "" && prot && sec != cutOff {
+			cutOff = ""
+		}
+		live := map[types.UID]bool{}
+		readyNew := 0
+		for _, p := range lockstepdPods() {
+			if p.DeletionTimestamp == nil {
+				live[p.UID] = true
+			}
+			if _, old := r.old[p.UID]; !old && p.DeletionTimestamp == nil && podReady(&p) {
+				readyNew++
+			}
+		}
+		for uid, node := range r.old {
+			if _, seen := r.replaced[node]; seen || live[uid] {
+				continue
+			}
+			r.replaced[node] = now
+			r.note(now, fmt.Sprintf("lockstepd's old pod on %s is deleted (the VM's members on %v, secondary %s)", node, members, sec))
+			if cutOff != "" {
+				r.unprotectedAtRestart = append(r.unprotectedAtRestart, node)
+			}
+			if members[node] {
+				cutOff = sec
+			}
+		}
+		wasProtected, last = prot, now
+		if len(r.replaced) == len(r.old) && readyNew == len(r.old) && prot && cutOff == "" {
+			r.took = now.Sub(r.start)
+			return
+		}
+		Expect(now.Before(deadline)).To(BeTrue(), "the rollout did not end within %s\n%s", within, r.timeline())
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (r *lockstepdRollout) note(at time.Time, what string) {
+	r.events = append(r.events, fmt.Sprintf("%7.1fs %s", at.Sub(r.start).Seconds(), what))
+}
+
+func (r *lockstepdRollout) timeline() string {
+	return "lockstepd rollout:\n  " + strings.Join(r.events, "\n  ") + "\n"
+}
+
+func lockstepdPods() []corev1.Pod {
+	var pods corev1.PodList
+	ExpectWithOffset(1, k8s.List(context.Background(), &pods, ctrlclient.InNamespace("lockstep-system"),
+		ctrlclient.MatchingLabels{"app.kubernetes.io/component": "lockstepd"})).To(Succeed())
+	return pods.Items
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ftvmPlugin runs the kubectl plugin (bin/kubectl-ftvm, which hack/local-cluster.sh builds)
+// against the cluster.
+func ftvmPlugin(args ...string) string {
+	kc, err := lc.Kubeconfig()
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	out, err := exec.Command("../../bin/kubectl-ftvm", append(args, "--kubeconfig", kc)...).CombinedOutput()
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "kubectl ftvm %v: %s", args, out)
+	return string(out)
 }

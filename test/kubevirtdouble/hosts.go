@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -100,6 +99,10 @@ type Host struct {
 
 	mu        sync.Mutex
 	lockstepd *exec.Cmd
+	// pod is the lockstepd pod the running lockstepd is (lockstepdpods.go); stopping: it is being
+	// terminated, as the kubelet stops a deleted pod's container.
+	pod       types.UID
+	stopping  bool
 	forwarder *forwarder
 	dead      bool
 	domains   map[types.UID]*domain
@@ -228,10 +231,11 @@ func (h *Hosts) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if ho.lockstepdRunning() {
-		return ctrl.Result{}, nil
+	pod, err := h.tendLockstepdPods(ctx, ho)
+	if err != nil || pod == nil || ho.lockstepdRunning() {
+		return ctrl.Result{}, err
 	}
-	if err := h.startLockstepd(ctx, ho); err != nil {
+	if err := h.startLockstepd(ctx, ho, pod); err != nil {
 		h.Log.Info("lockstepd cannot start yet", "node", name, "why", err.Error())
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
@@ -348,29 +352,13 @@ func (ho *Host) lockstepdRunning() bool {
 	return ho.lockstepd != nil
 }
 
-// startLockstepd runs lockstepd on the host as its DaemonSet's pod on the node would: the
-// DaemonSet's arguments; the pod's ServiceAccount token, bound to the pod; the API server at
+// startLockstepd runs lockstepd on the host as the kubelet runs its DaemonSet's pod on the node:
+// the pod's arguments; its ServiceAccount token, bound to the pod; the API server at
 // 127.0.0.1:6443 (a forwarder into the host); the lockstepd CA's ConfigMap where the pod mounts
-// it; its certificate, which it requests from the operator's signer, in its own directory. When
-// it exits, the next reconcile starts it again, as the kubelet restarts the container.
-func (h *Hosts) startLockstepd(ctx context.Context, ho *Host) error {
-	var ds appsv1.DaemonSet
-	if err := h.Get(ctx, h.DaemonSet, &ds); err != nil {
-		return fmt.Errorf("lockstepd's DaemonSet %s: %w", h.DaemonSet, err)
-	}
-	var pods corev1.PodList
-	if err := h.List(ctx, &pods, client.InNamespace(h.DaemonSet.Namespace), client.MatchingLabels(ds.Spec.Selector.MatchLabels)); err != nil {
-		return err
-	}
-	var pod *corev1.Pod
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Spec.NodeName == ho.Node && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
-			pod = p
-		}
-	}
-	if pod == nil {
-		return fmt.Errorf("no running pod of %s on the node", h.DaemonSet)
-	}
+// it; its certificate, which it requests from the operator's signer, in its own directory. The
+// pod's status says it runs, and its readiness probe's answers (lockstepdpods.go). When lockstepd
+// exits, the next reconcile starts it again, as the kubelet restarts the container.
+func (h *Hosts) startLockstepd(ctx context.Context, ho *Host, pod *corev1.Pod) error {
 	var ca corev1.ConfigMap
 	if err := h.Get(ctx, types.NamespacedName{Namespace: h.DaemonSet.Namespace, Name: "lockstepd-ca"}, &ca); err != nil || ca.Data["ca.crt"] == "" {
 		return fmt.Errorf("the lockstepd CA is not published yet (the operator's signer makes it): %v", err)
@@ -405,7 +393,7 @@ current-context: local
 			return err
 		}
 	}
-	c := ds.Spec.Template.Spec.Containers[0]
+	c := pod.Spec.Containers[0]
 	args := append(append([]string{}, c.Args...),
 		"--node-name="+ho.Node, "--run-dir="+ho.RunDir,
 		"--tls-cert-file="+filepath.Join(ho.Dir, "pki", "tls.crt"), "--tls-key-file="+filepath.Join(ho.Dir, "pki", "tls.key"),
@@ -418,32 +406,42 @@ current-context: local
 	}
 	_, _ = fmt.Fprintf(logf, "--- %s start on host %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), ho.NS, h.Lockstepd, strings.Join(args, " "))
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := h.podRunning(ctx, ho, pod); err != nil {
+		_ = logf.Close()
+		return err
+	}
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
 		return err
 	}
+	exited := make(chan struct{})
 	ho.mu.Lock()
-	ho.lockstepd = cmd
+	ho.lockstepd, ho.pod = cmd, pod.UID
 	ho.mu.Unlock()
 	node := ho.Node
 	go func() {
 		err := cmd.Wait()
+		close(exited)
 		_ = logf.Close()
 		ho.mu.Lock()
 		if ho.lockstepd == cmd {
 			ho.lockstepd = nil
 		}
-		dead := ho.dead
+		dead, stopping := ho.dead, ho.stopping
 		ho.mu.Unlock()
-		if !dead {
+		if !dead && !stopping {
 			h.Log.Info("lockstepd exited; it starts again in 2s, as the kubelet restarts a container", "node", node, "err", fmt.Sprint(err))
-			time.AfterFunc(2*time.Second, func() {
-				h.restart <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}}
-			})
+			time.AfterFunc(2*time.Second, func() { h.requeue(node) })
 		}
 	}()
+	go h.probeReadiness(ho, pod, exited)
 	h.Log.Info("lockstepd started", "node", ho.Node, "pod", pod.Name)
 	return nil
+}
+
+// requeue reconciles node again.
+func (h *Hosts) requeue(node string) {
+	h.restart <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}}
 }
 
 // stopLockstepd kills the host's lockstepd and its API forwarder.
