@@ -102,6 +102,14 @@ func (p *printer) f(format string, a ...any) {
 	}
 }
 
+// flush ends a table: the first error, or tw's own.
+func (p *printer) flush(tw *tabwriter.Writer) error {
+	if p.err != nil {
+		return p.err
+	}
+	return tw.Flush()
+}
+
 // PrintTable writes the rows as kubectl lists objects; allNamespaces adds the namespace.
 func PrintTable(w io.Writer, rows []Row, allNamespaces bool) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
@@ -119,10 +127,7 @@ func PrintTable(w io.Writer, rows []Row, allNamespaces bool) error {
 		}
 		p.f("%s\n", line)
 	}
-	if p.err != nil {
-		return p.err
-	}
-	return tw.Flush()
+	return p.flush(tw)
 }
 
 // Describe writes one FaultTolerantVM in full: its row, each side as its lockstepd reports it,
@@ -185,10 +190,7 @@ func Describe(w io.Writer, f *ftv1.FaultTolerantVM, now time.Time) error {
 		}
 		p.f("  %s\t%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, duration.HumanDuration(now.Sub(c.LastTransitionTime.Time)), c.Message)
 	}
-	if p.err != nil {
-		return p.err
-	}
-	return tw.Flush()
+	return p.flush(tw)
 }
 
 func orDash(s string) string {

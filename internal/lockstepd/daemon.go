@@ -188,14 +188,8 @@ func (d *Daemon) serve(ctx context.Context) error {
 // protectedPairs are the pairs whose member on this node is in a protected pair (a primary
 // streaming to its secondary, or a synchronized secondary), with that secondary.
 func (d *Daemon) protectedPairs() []ProtectedPair {
-	d.mu.Lock()
-	ms := make([]*member, 0, len(d.agents))
-	for _, m := range d.agents {
-		ms = append(ms, m)
-	}
-	d.mu.Unlock()
 	var pairs []ProtectedPair
-	for _, m := range ms {
+	for _, m := range d.members() {
 		st := m.Agent.Status()
 		switch {
 		case st.State == failover.Protected:
@@ -227,15 +221,20 @@ func (d *Daemon) publishAddresses(ctx context.Context) error {
 	}
 }
 
-// stopAll stops every agent (lockstepd is stopping) and waits for them.
-func (d *Daemon) stopAll() {
+// members are the running members, taken from the map under its lock.
+func (d *Daemon) members() []*member {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	ms := make([]*member, 0, len(d.agents))
 	for _, m := range d.agents {
 		ms = append(ms, m)
 	}
-	d.mu.Unlock()
-	for _, m := range ms {
+	return ms
+}
+
+// stopAll stops every agent (lockstepd is stopping) and waits for them.
+func (d *Daemon) stopAll() {
+	for _, m := range d.members() {
 		m.Stop()
 	}
 }
@@ -530,12 +529,7 @@ func (d *Daemon) report(ctx context.Context, m *member, st agent.Status) error {
 
 // Statuses returns every agent's snapshot (for the metrics).
 func (d *Daemon) Statuses() []agent.Status {
-	d.mu.Lock()
-	ms := make([]*member, 0, len(d.agents))
-	for _, m := range d.agents {
-		ms = append(ms, m)
-	}
-	d.mu.Unlock()
+	ms := d.members()
 	out := make([]agent.Status, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, m.Agent.Status())

@@ -91,14 +91,14 @@ func (g *reprotectionGate) load(now time.Time) error {
 // Start asks after the awaited pairs every g.Every until none is left (a manager.Runnable).
 func (g *reprotectionGate) Start(ctx context.Context) error {
 	lg := log.FromContext(ctx).WithName("reprotection")
-	if n := g.pending(); n > 0 {
+	if n := g.Awaited(); n > 0 {
 		lg.Info("not ready until the VMs this node held when lockstepd stopped are protected again", "vms", n, "timeout", g.Timeout.String())
 	}
 	t := time.NewTicker(g.Every)
 	defer t.Stop()
-	for g.pending() > 0 {
+	for g.Awaited() > 0 {
 		g.look(ctx, lg, time.Now())
-		if g.pending() == 0 {
+		if g.Awaited() == 0 {
 			break
 		}
 		select {
@@ -109,12 +109,6 @@ func (g *reprotectionGate) Start(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	return nil
-}
-
-func (g *reprotectionGate) pending() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.awaited)
 }
 
 // look reads each awaited pair's FaultTolerantVM and drops the pairs protected again.
@@ -218,7 +212,11 @@ func (g *reprotectionGate) Check(*http.Request) error {
 }
 
 // Awaited is how many pairs readiness waits for (a metric).
-func (g *reprotectionGate) Awaited() int { return g.pending() }
+func (g *reprotectionGate) Awaited() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.awaited)
+}
 
 // handOver writes the ledger for the next lockstepd on the node: the pairs still awaited, and
 // those this lockstepd keeps protected as it stops (since now). It is the ledger's last write.

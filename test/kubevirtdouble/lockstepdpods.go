@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -42,45 +41,39 @@ func (h *Hosts) tendLockstepdPods(ctx context.Context, ho *Host) (*corev1.Pod, e
 	if err := h.List(ctx, &pods, client.InNamespace(h.DaemonSet.Namespace), client.MatchingLabels(ds.Spec.Selector.MatchLabels)); err != nil {
 		return nil, err
 	}
-	var current *corev1.Pod
+	// What this host runs, as of now: only terminate (which ends a stop) and lockstepd's exit
+	// change it meanwhile, and each reconciles the node again.
 	ho.mu.Lock()
-	running, listed := ho.lockstepd != nil, false
+	running, runningPod, stopping := ho.lockstepd != nil, ho.pod, ho.stopping
 	ho.mu.Unlock()
+	var current, deleted *corev1.Pod
+	listed := false
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Spec.NodeName != ho.Node {
 			continue
 		}
-		listed = listed || p.UID == ho.runningPod()
-		if p.DeletionTimestamp == nil {
-			current = p
-			continue
-		}
-		ho.mu.Lock()
-		runs := ho.lockstepd != nil && ho.pod == p.UID
-		start := runs && !ho.stopping
-		if start {
-			ho.stopping = true
-		}
-		ho.mu.Unlock()
+		listed = listed || p.UID == runningPod
 		switch {
-		case start:
-			go h.terminate(ho, p.DeepCopy())
-		case !runs:
+		case p.DeletionTimestamp == nil:
+			current = p
+		case running && p.UID == runningPod:
+			deleted = p.DeepCopy()
+		default: // a deleted pod whose lockstepd does not run
 			if err := h.removePod(ctx, p); err != nil {
 				return nil, err
 			}
 		}
 	}
-	ho.mu.Lock()
-	gone := running && !listed && !ho.stopping // its pod went without a deletion the double saw
-	if gone {
-		ho.stopping = true
+	if running && !listed { // its pod went without a deletion the double saw
+		deleted = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: h.DaemonSet.Namespace, Name: "(gone)", UID: runningPod}}
 	}
-	stopping := ho.stopping
-	ho.mu.Unlock()
-	if gone {
-		go h.terminate(ho, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: h.DaemonSet.Namespace, Name: "(gone)", UID: ho.runningPod()}})
+	if deleted != nil && !stopping {
+		ho.mu.Lock()
+		ho.stopping = true
+		ho.mu.Unlock()
+		go h.terminate(ho, deleted)
+		stopping = true
 	}
 	if stopping {
 		return nil, nil // the next lockstepd starts once the last one is gone
@@ -124,13 +117,6 @@ func (h *Hosts) terminate(ho *Host, pod *corev1.Pod) {
 	ho.stopping = false
 	ho.mu.Unlock()
 	h.requeue(ho.Node)
-}
-
-// runningPod is the UID of the pod the running lockstepd is.
-func (ho *Host) runningPod() types.UID {
-	ho.mu.Lock()
-	defer ho.mu.Unlock()
-	return ho.pod
 }
 
 // removePod deletes a terminated pod for good, as the kubelet does once its containers stopped.
