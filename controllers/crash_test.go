@@ -602,8 +602,9 @@ func leftoversIn(ns string) func() []string {
 	}
 }
 
-// primaryWatch watches a namespace's member VMIs and records every moment at which two of them
-// were labelled primary at once (being deleted or not).
+// primaryWatch watches a namespace's VMIs and records every moment at which two of them ran the
+// VM at once (being deleted or not): two members labelled primary, or one and the VMI of a plain
+// VirtualMachine (adoption and release).
 type primaryWatch struct {
 	w    watch.Interface
 	done chan struct{}
@@ -625,14 +626,17 @@ func watchPrimaries(ns string) *primaryWatch {
 			if !ok {
 				continue
 			}
-			if ev.Type == watch.Deleted {
+			switch {
+			case ev.Type == watch.Deleted:
 				delete(role, v.Name)
-			} else {
+			case ownedByVirtualMachine(v):
+				role[v.Name] = roleVirtualMachine
+			default:
 				role[v.Name] = v.Labels[ftv1.LabelRole]
 			}
 			var primaries []string
 			for name, r := range role {
-				if r == ftv1.RolePrimary {
+				if r == ftv1.RolePrimary || r == roleVirtualMachine {
 					primaries = append(primaries, name)
 				}
 			}
@@ -644,6 +648,15 @@ func watchPrimaries(ns string) *primaryWatch {
 		}
 	}()
 	return pw
+}
+
+// roleVirtualMachine stands, in a primaryWatch, for the VMI of a plain VirtualMachine (one that a
+// FaultTolerantVM adopts, or is released into): it runs the VM as a primary does.
+const roleVirtualMachine = "virtualmachine"
+
+func ownedByVirtualMachine(v *virtv1.VirtualMachineInstance) bool {
+	owner := metav1.GetControllerOf(v)
+	return owner != nil && owner.Kind == "VirtualMachine"
 }
 
 func (pw *primaryWatch) stop() { pw.w.Stop(); <-pw.done }

@@ -21,7 +21,8 @@ import (
 // with any of its nodes dead, and then releases the finalizer: the members (a primary is fenced
 // first), and once they are gone the disk copies (but those holding the VM's current disks,
 // unless diskRetention is Delete), the pair's record and a logging network it created that no
-// other FaultTolerantVM uses. Owner references let the garbage collector do the
+// other FaultTolerantVM uses; with onDelete Release, a VirtualMachine then runs the VM on
+// (release.go). Owner references let the garbage collector do the
 // same; the finalizer does not rely on it (the logging network may be in another namespace), and
 // every step reads the API server, so that nothing a cache does not show yet is left behind.
 func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (ctrl.Result, error) {
@@ -78,6 +79,15 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 		}
 	case client.IgnoreNotFound(err) != nil:
 		return ctrl.Result{}, err
+	}
+
+	if ftvm.Spec.OnDelete == ftv1.OnDeleteRelease {
+		// Last but the finalizer: the members are gone and the record with them, so that the
+		// VirtualMachine is the one live copy of the VM.
+		released, err := r.releaseVM(ctx, ftvm)
+		if err != nil || !released {
+			return ctrl.Result{RequeueAfter: r.Config.RetryInterval}, err
+		}
 	}
 
 	if err := r.releaseLoggingNetwork(ctx, ftvm); err != nil {

@@ -356,7 +356,7 @@ func (r *FaultTolerantVMReconciler) phaseCollectDiskCopies(ctx context.Context, 
 // FaultTolerantVM (its UID) already holds is done, so that a crash between two patches never
 // makes an older copy look current. It returns every claim retained from this FaultTolerantVM.
 func (r *FaultTolerantVMReconciler) retainCurrentDisks(ctx context.Context, ftvm *ftv1.FaultTolerantVM) ([]string, error) {
-	if ftvm.Spec.DiskRetention == ftv1.DiskRetentionDelete {
+	if ftvm.Spec.DiskRetention == ftv1.DiskRetentionDelete && ftvm.Spec.OnDelete != ftv1.OnDeleteRelease {
 		return nil, nil
 	}
 	var retained corev1.PersistentVolumeClaimList

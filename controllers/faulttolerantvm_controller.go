@@ -127,6 +127,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 
 	phases := []func(context.Context, *scope) error{
 		r.phaseValidate,
+		r.phaseAdopt,
 		r.phaseHalt,
 		r.phaseLoggingNetwork,
 		r.phaseDecide,
@@ -211,7 +212,7 @@ func (r *FaultTolerantVMReconciler) phaseLoggingNetwork(ctx context.Context, s *
 
 // canStartMembers says whether new members may be started from this spec.
 func (s *scope) canStartMembers() bool {
-	return s.invalid == nil && s.networkMissing == ""
+	return s.invalid == nil && s.networkMissing == "" && s.adopting == ""
 }
 
 // SetupWithManager registers the controller and its watches. The pair's record is owned by the
@@ -225,6 +226,8 @@ func (r *FaultTolerantVMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&ftv1.FaultTolerantVMOperation{}, operationHandler(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&virtv1.VirtualMachineInstance{}, r.capacityFreedHandler(), builderPredicatesMemberGone()).
 		Watches(&corev1.Node{}, r.nodeHandler(), builderPredicatesNodeChanged()).
+		// The VirtualMachines that FaultTolerantVMs adopt, by their metadata only (see adoption.go).
+		WatchesMetadata(&virtv1.VirtualMachine{}, r.adoptedVMHandler()).
 		// A member's launcher pod, to label it with the member's role as soon as KubeVirt makes
 		// it, and again when someone changes that label (phaseLauncherRoles).
 		Watches(&corev1.Pod{}, launcherPodHandler(), builder.WithPredicates(launcherRoleChanged())).

@@ -123,6 +123,11 @@ func leftovers() []string {
 	for _, f := range ftvms.Items {
 		out = append(out, "FaultTolerantVM "+f.Namespace+"/"+f.Name)
 	}
+	var vms virtv1.VirtualMachineList
+	Expect(k8s.List(ctx(), &vms)).To(Succeed())
+	for _, v := range vms.Items {
+		out = append(out, "VirtualMachine "+v.Namespace+"/"+v.Name)
+	}
 	var vmis virtv1.VirtualMachineInstanceList
 	Expect(k8s.List(ctx(), &vmis)).To(Succeed())
 	for _, v := range vmis.Items {

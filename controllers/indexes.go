@@ -24,6 +24,8 @@ const (
 	indexFTVMProtection = "lockstep.protection"
 	// indexRecordReserves indexes the pairs' records that keep a node reserved ("true").
 	indexRecordReserves = "lockstep.reserves"
+	// indexFTVMAdoptFrom indexes FaultTolerantVMs by the VirtualMachine they adopt.
+	indexFTVMAdoptFrom = "lockstep.adoptFrom"
 )
 
 // SetupIndexes registers the field indexes with the manager's cache.
@@ -51,6 +53,14 @@ func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
 	}
 	if err := indexer.IndexField(ctx, &ftv1.FaultTolerantVM{}, indexFTVMProtection, func(o client.Object) []string {
 		return []string{string(o.(*ftv1.FaultTolerantVM).Spec.Protection)}
+	}); err != nil {
+		return err
+	}
+	if err := indexer.IndexField(ctx, &ftv1.FaultTolerantVM{}, indexFTVMAdoptFrom, func(o client.Object) []string {
+		if from := o.(*ftv1.FaultTolerantVM).Spec.AdoptFrom; from != nil {
+			return []string{from.VirtualMachineName}
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -48,6 +48,7 @@ type scope struct {
 
 	invalid        error  // the spec cannot be protected
 	networkMissing string // why the logging network is not there
+	adopting       string // what the adoption of spec.adoptFrom's VirtualMachine waits for
 	primaryErr     error  // why no primary could be started
 	secondaryErr   error  // why no secondary could be started
 	// suspect are nodes where a member of the pair was lost or fenced, in this reconcile or

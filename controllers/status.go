@@ -159,6 +159,8 @@ func (r *FaultTolerantVMReconciler) memberCondition(s *scope, mv *memberView, st
 			return false, ftv1.ReasonDiskSizeUnsupported, startErr.Error()
 		case startErr != nil:
 			return false, ftv1.ReasonDiskNotFound, startErr.Error()
+		case s.adopting != "":
+			return false, ftv1.ReasonAdopting, "adopting: " + s.adopting
 		case s.networkMissing != "":
 			return false, ftv1.ReasonLoggingNetworkNotFound, s.networkMissing
 		case s.invalid != nil && role == "primary":
@@ -290,6 +292,12 @@ func (a *announcements) forget(key types.NamespacedName) {
 	delete(a.last, key)
 }
 
+// startsUnaided says that a primary with this reason starts without anyone acting: it is being
+// created, or the VirtualMachine it adopts is stopping.
+func startsUnaided(reason string) bool {
+	return reason == ftv1.ReasonStarting || reason == ftv1.ReasonAdopting
+}
+
 // protection is the pair's state and its Protected condition (ok, reason, message), from the
 // members' verdicts and the reasons of their own conditions.
 func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (state ftv1.FTState, ok bool, reason, msg string) {
@@ -329,7 +337,7 @@ func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (sta
 		// A primary that is being started is Starting; one that cannot start until a person or
 		// the cluster acts (no eligible node, invalid spec, missing network or disk) is NotProtected.
 		state = ftv1.StateStarting
-		if s.primary == nil && pReason != ftv1.ReasonStarting {
+		if s.primary == nil && !startsUnaided(pReason) {
 			state = ftv1.StateNotProtected
 		}
 		ok, reason, msg = false, pReason, "primary: "+pMsg

@@ -30,9 +30,10 @@ import (
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
-// The envtest suite: a real kube-apiserver and etcd with lockstep's CRD and the KubeVirt, Multus,
-// cert-manager and Prometheus operator CRDs installed. The operator runs in this process against
-// it; kubevirtdouble.NodeRunner stands in for KubeVirt's node agents.
+// The envtest suite: a real kube-apiserver and etcd with lockstep's CRD and the KubeVirt, CDI
+// (DataVolume), Multus, cert-manager and Prometheus operator CRDs installed. The operator runs in
+// this process against it; kubevirtdouble.NodeRunner stands in for KubeVirt's node agents and
+// kubevirtdouble.VMController for its VirtualMachine controller.
 
 const (
 	testNodeLostGrace = 2 * time.Second
@@ -62,6 +63,7 @@ var _ = BeforeSuite(func() {
 		CRDDirectoryPaths: []string{
 			filepath.Join(root, "config", "crd", "bases"),
 			filepath.Join(root, "bin", "test-crds", "kubevirt"),
+			filepath.Join(root, "bin", "test-crds", "cdi"),
 			filepath.Join(root, "bin", "test-crds", "multus"),
 			filepath.Join(root, "bin", "test-crds", "cert-manager"),
 			filepath.Join(root, "bin", "test-crds", "monitoring"),
@@ -89,6 +91,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect((&kubevirtdouble.NodeRunner{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
+	Expect((&kubevirtdouble.VMController{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(double.Start(suiteCtx)).To(Succeed())

@@ -36,6 +36,23 @@ func (r *FaultTolerantVMReconciler) nodeHandler() handler.EventHandler {
 	})
 }
 
+// adoptedVMHandler wakes the FaultTolerantVM that adopts a VirtualMachine when that VirtualMachine
+// changes: one that is stopping or gone lets the pair start, and one that comes back is stopped.
+func (r *FaultTolerantVMReconciler) adoptedVMHandler() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var list ftv1.FaultTolerantVMList
+		if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexFTVMAdoptFrom: o.GetName()}); err != nil {
+			log.FromContext(ctx).Error(err, "listing the FaultTolerantVMs that adopt a VirtualMachine", "virtualMachine", o.GetName())
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+		return reqs
+	})
+}
+
 // capacityFreedHandler wakes the FaultTolerantVMs waiting for a node when a member goes.
 func (r *FaultTolerantVMReconciler) capacityFreedHandler() handler.EventHandler {
 	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {

@@ -15,6 +15,9 @@ func Default(ftvm *FaultTolerantVM) {
 	if ftvm.Spec.UpdatePolicy == "" {
 		ftvm.Spec.UpdatePolicy = UpdatePolicyStaged
 	}
+	if ftvm.Spec.OnDelete == "" {
+		ftvm.Spec.OnDelete = OnDeleteStop
+	}
 	if ftvm.Spec.DiskRetention == "" {
 		ftvm.Spec.DiskRetention = DiskRetentionRetain
 	}

@@ -45,6 +45,29 @@ const (
 	DiskRetentionDelete DiskRetention = "Delete"
 )
 
+// OnDelete says what deleting a FaultTolerantVM does with its VM.
+// +kubebuilder:validation:Enum=Stop;Release
+type OnDelete string
+
+const (
+	// OnDeleteStop stops the VM with its members; diskRetention says what becomes of its disks.
+	OnDeleteStop OnDelete = "Stop"
+	// OnDeleteRelease hands the VM back to KubeVirt: once both members are gone, a plain
+	// VirtualMachine of the FaultTolerantVM's name runs it, on its current disks (those a failover
+	// moved it to included), with its firmware UUID and MAC addresses, and with runStrategy
+	// Always (Halted when the FaultTolerantVM's is). The VM restarts once: a cold boot.
+	OnDeleteRelease OnDelete = "Release"
+)
+
+// AdoptFrom names the KubeVirt VirtualMachine that a FaultTolerantVM takes over.
+type AdoptFrom struct {
+	// virtualMachineName is a VirtualMachine in the FaultTolerantVM's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	VirtualMachineName string `json:"virtualMachineName,omitempty"`
+}
+
 // Protection says whether the pair keeps a secondary: vSphere FT's Turn On, Suspend and Turn Off.
 // +kubebuilder:validation:Enum=Enabled;Suspended;Disabled
 type Protection string
@@ -155,6 +178,27 @@ const (
 	// ReasonDiskSizeUnsupported: a disk of the VM is a size that COLO's secondary cannot be given
 	// (KubeVirt makes the secondary's overlays in whole MiB): resize the disk to a multiple of 1 MiB.
 	ReasonDiskSizeUnsupported = "DiskSizeUnsupported"
+	// ReasonAdopting: spec.adoptFrom names a VirtualMachine that still exists or still runs; the
+	// pair starts once the operator stopped and removed it (its disks stay). The message says
+	// what it waits for: a VirtualMachineInstance stuck on a lost node waits for the node.
+	ReasonAdopting = "Adopting"
+	// ReasonAdopted is the event of an adopted VirtualMachine removed, its disks kept for the pair.
+	ReasonAdopted = "Adopted"
+	// ReasonAdoptionIdentityChanged is a warning event: the template's firmware UUID or a MAC
+	// address differs from what the adopted VirtualMachine's guest saw, so the guest will see
+	// new hardware (kubectl ftvm adopt writes a template that keeps them).
+	ReasonAdoptionIdentityChanged = "AdoptionIdentityChanged"
+	// ReasonVirtualMachineReturned is a warning event: the VirtualMachine that spec.adoptFrom names
+	// was created again after it was adopted (a GitOps tool that still has it, say); the operator
+	// stops and removes it again. Remove it from wherever it comes from.
+	ReasonVirtualMachineReturned = "VirtualMachineReturned"
+	// ReasonReleased is the event of a deleted FaultTolerantVM handed back to KubeVirt
+	// (onDelete Release): it names the VirtualMachine and its claims.
+	ReasonReleased = "Released"
+	// ReasonReleaseBlocked is a warning event: onDelete is Release, but a VirtualMachine of the
+	// FaultTolerantVM's name exists that the operator did not make. Deletion waits: remove or
+	// rename that VirtualMachine, or set onDelete to Stop.
+	ReasonReleaseBlocked = "ReleaseBlocked"
 	// ReasonEvacuating is the event of a drain asking to evict a member (KubeVirt marked its VMI
 	// for evacuation): it names the operation that moves the member off the node.
 	ReasonEvacuating = "Evacuating"
@@ -220,6 +264,8 @@ type VMITemplate struct {
 }
 
 // FaultTolerantVMSpec is the desired state of a FaultTolerantVM.
+// +kubebuilder:validation:XValidation:rule="has(self.adoptFrom) == has(oldSelf.adoptFrom) && (!has(self.adoptFrom) || self.adoptFrom == oldSelf.adoptFrom)",message="adoptFrom cannot be set, changed or removed after the FaultTolerantVM is created"
+// +kubebuilder:validation:XValidation:rule="!has(self.onDelete) || self.onDelete != 'Release' || !has(self.diskRetention) || self.diskRetention != 'Delete'",message="onDelete Release gives the VM's current disks to the VirtualMachine it releases: diskRetention must be Retain"
 type FaultTolerantVMSpec struct {
 	// runStrategy is Running, which keeps a protected pair running; Halted stops both members.
 	// +default="Running"
@@ -246,6 +292,22 @@ type FaultTolerantVMSpec struct {
 	// +default="Retain"
 	// +optional
 	DiskRetention DiskRetention `json:"diskRetention,omitempty"`
+
+	// onDelete is what deleting this FaultTolerantVM does with its VM: Stop (the default) stops
+	// it; Release hands it back to KubeVirt as a plain VirtualMachine of this name, on its current
+	// disks, keeping its firmware UUID and MAC addresses (its current disks are then always kept,
+	// so diskRetention must be Retain).
+	// +default="Stop"
+	// +optional
+	OnDelete OnDelete `json:"onDelete,omitempty"`
+
+	// adoptFrom names an existing KubeVirt VirtualMachine, in this namespace, that this
+	// FaultTolerantVM takes over: the operator stops it, removes it (its DataVolumes and claims
+	// stay, no longer owned by it) and only then starts the pair on the same disks, so that the
+	// VM never runs twice. The template should be that VirtualMachine's with its firmware UUID
+	// and MAC addresses made explicit: kubectl ftvm adopt writes it so. It cannot be changed.
+	// +optional
+	AdoptFrom *AdoptFrom `json:"adoptFrom,omitempty"`
 
 	// loggingNetwork is the dedicated network for FT logging traffic.
 	// +required

@@ -73,7 +73,31 @@ func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv
 		return nil, err
 	}
 	errs = append(errs, claimErrs...)
+	adoptErrs, err := v.adoptedOnce(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	errs = append(errs, adoptErrs...)
 	return append(warnings, roomWarnings...), invalid(ftvm, append(errs, roomErrs...))
+}
+
+// adoptedOnce refuses to adopt a VirtualMachine that another FaultTolerantVM adopts: both would
+// start a pair on its disks once it is gone.
+func (v *FaultTolerantVMValidator) adoptedOnce(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (field.ErrorList, error) {
+	if ftvm.Spec.AdoptFrom == nil {
+		return nil, nil
+	}
+	var list ftv1.FaultTolerantVMList
+	if err := v.Reader.List(ctx, &list, client.InNamespace(ftvm.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing FaultTolerantVMs: %w", err)
+	}
+	for _, other := range list.Items {
+		if other.Name != ftvm.Name && other.Spec.AdoptFrom != nil && other.Spec.AdoptFrom.VirtualMachineName == ftvm.Spec.AdoptFrom.VirtualMachineName {
+			return field.ErrorList{field.Forbidden(field.NewPath("spec", "adoptFrom", "virtualMachineName"),
+				fmt.Sprintf("FaultTolerantVM %s adopts VirtualMachine %s already", other.Name, other.Spec.AdoptFrom.VirtualMachineName))}, nil
+		}
+	}
+	return nil, nil
 }
 
 // claims refuses claims that exist and cannot back a protected VM's disk

@@ -113,3 +113,35 @@ func TestCOLORefusesABlockModeClaim(t *testing.T) {
 		t.Fatalf("without COLO a block claim passes: %v", err)
 	}
 }
+
+// TestOneAdopterPerVirtualMachine: a second FaultTolerantVM that adopts a VirtualMachine another
+// one adopts is refused (both would start a pair on its disks once it is gone).
+func TestOneAdopterPerVirtualMachine(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, nadv1.AddToScheme, ftv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guest := resource.MustParse("1Gi")
+	adopter := func(name, vm string) *ftv1.FaultTolerantVM {
+		f := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name}, Spec: ftv1.FaultTolerantVMSpec{
+			AdoptFrom:      &ftv1.AdoptFrom{VirtualMachineName: vm},
+			LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+			Template:       ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Memory: &virtv1.Memory{Guest: &guest}}}},
+		}}
+		ftv1.Default(f)
+		return f
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(adopter("first", "legacy"),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
+		&nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "ft-logging"}}).Build()
+	v := &FaultTolerantVMValidator{Reader: reader, Limits: placement.Limits{MaxMembers: 4, MaxVCPUs: 8}}
+	_, err := v.ValidateCreate(context.Background(), adopter("second", "legacy"))
+	if err == nil || !strings.Contains(err.Error(), "spec.adoptFrom.virtualMachineName") || !strings.Contains(err.Error(), "FaultTolerantVM first adopts VirtualMachine legacy already") {
+		t.Fatalf("a second adopter: %v", err)
+	}
+	if _, err := v.ValidateCreate(context.Background(), adopter("other", "another")); err != nil && strings.Contains(err.Error(), "adoptFrom") {
+		t.Fatalf("another VirtualMachine: %v", err)
+	}
+}

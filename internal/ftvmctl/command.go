@@ -32,10 +32,16 @@ const usage = `kubectl ftvm: lockstep's FaultTolerantVMs, as a person operates t
                                              the secondary moves (to node N)
   kubectl ftvm protection NAME enabled|suspended|disabled
                                              spec.protection (suspended keeps the secondary's node)
+  kubectl ftvm adopt VM --logging-network NET [-o yaml]
+                                             a FaultTolerantVM takes VirtualMachine VM over, on its
+                                             disks, with its firmware UUID and MACs (-o yaml: print it)
+  kubectl ftvm release NAME                  the FaultTolerantVM goes back to a VirtualMachine of its
+                                             name, on its current disks (onDelete Release, deleted)
   kubectl ftvm version
 
 Flags (before or after the command's arguments): -n/--namespace, -A/--all-namespaces,
---kubeconfig, --context, --wait (operations: follow until done, e.g. --wait=10m; 0 returns at once).
+--kubeconfig, --context, --wait (operations and release: follow until done, e.g. --wait=10m; 0
+returns at once).
 The operations create a FaultTolerantVMOperation, which the operator runs once.
 `
 
@@ -53,9 +59,13 @@ type Env struct {
 // options are the flags every command takes.
 type options struct {
 	namespace, kubeconfig, context, node string
+	loggingNetwork, output               string
 	all                                  bool
 	wait                                 time.Duration
 }
+
+// commands are the commands besides the operations (operationTypes).
+var commands = map[string]bool{"status": true, "console": true, "protection": true, "adopt": true, "release": true}
 
 // Main runs the plugin with args (without the program's name) and returns its exit code.
 func Main(args []string, env Env) int {
@@ -92,7 +102,11 @@ func run(args []string, env Env) error {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file")
 	fs.StringVar(&o.context, "context", "", "kubeconfig context")
 	fs.StringVar(&o.node, "node", "", "migrate-secondary: the node to move the secondary to")
-	fs.DurationVar(&o.wait, "wait", 0, "operations: follow until done, at most this long")
+	fs.DurationVar(&o.wait, "wait", 0, "operations and release: follow until done, at most this long")
+	fs.StringVar(&o.loggingNetwork, "logging-network", "", "adopt: the FaultTolerantVM's logging network")
+	for _, n := range []string{"o", "output"} {
+		fs.StringVar(&o.output, n, "", "adopt: yaml prints the FaultTolerantVM instead of creating it")
+	}
 	words, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -110,7 +124,7 @@ func run(args []string, env Env) error {
 		_, err := fmt.Fprint(env.Out, usage)
 		return err
 	}
-	if _, op := operationTypes[cmd]; !op && cmd != "status" && cmd != "console" && cmd != "protection" {
+	if _, op := operationTypes[cmd]; !op && !commands[cmd] {
 		fs.Usage()
 		return fmt.Errorf("unknown command %q", cmd)
 	}
@@ -121,7 +135,11 @@ func run(args []string, env Env) error {
 	if o.namespace != "" {
 		ns = o.namespace
 	}
-	ctx := context.Background()
+	return dispatch(context.Background(), c, env, o, ns, cmd, rest)
+}
+
+// dispatch runs one command against the API.
+func dispatch(ctx context.Context, c client.Client, env Env, o options, ns, cmd string, rest []string) error {
 	say := func(format string, a ...any) { _, _ = fmt.Fprintf(env.Out, format+"\n", a...) }
 	name := func() (string, error) {
 		if len(rest) == 0 {
@@ -154,6 +172,17 @@ func run(args []string, env Env) error {
 		}
 		say("faulttolerantvm.ft.lockstep.dev/%s protection %s", rest[0], p)
 		return nil
+	case "adopt":
+		if len(rest) != 1 {
+			return errors.New("adopt: want the VirtualMachine's name")
+		}
+		return adopt(ctx, c, env, ns, rest[0], o.loggingNetwork, o.output, say)
+	case "release":
+		n, err := name()
+		if err != nil {
+			return err
+		}
+		return release(ctx, c, ns, n, o.wait, say)
 	}
 	typ := operationTypes[cmd]
 	n, err := name()

@@ -9,13 +9,16 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/adoption"
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 )
 
@@ -173,5 +176,91 @@ func TestConsoleIsThePrimarys(t *testing.T) {
 	}
 	if want := []string{filepath.Join(dir, "virtctl"), "virtctl", "console", "pg-2", "--namespace", "db", "--context", "prod"}; strings.Join(ran, " ") != strings.Join(want, " ") {
 		t.Fatalf("console ran %v, want %v", ran, want)
+	}
+}
+
+func legacyVM() (*virtv1.VirtualMachine, *virtv1.VirtualMachineInstance) {
+	guest := resource.MustParse("1Gi")
+	vm := &virtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "legacy", UID: "vm-uid"},
+		Spec: virtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(virtv1.RunStrategyAlways),
+			Template: &virtv1.VirtualMachineInstanceTemplateSpec{Spec: virtv1.VirtualMachineInstanceSpec{
+				Domain: virtv1.DomainSpec{
+					Memory:  &virtv1.Memory{Guest: &guest},
+					Devices: virtv1.Devices{Interfaces: []virtv1.Interface{{Name: "default"}}},
+				},
+				Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "legacy-root"}}}},
+			}},
+		},
+	}
+	vmi := &virtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "legacy"},
+		Spec:       virtv1.VirtualMachineInstanceSpec{Domain: virtv1.DomainSpec{Firmware: &virtv1.Firmware{UUID: "vm-uid"}}},
+		Status:     virtv1.VirtualMachineInstanceStatus{Interfaces: []virtv1.VirtualMachineInstanceNetworkInterface{{Name: "default", MAC: "02:11:22:33:44:55"}}},
+	}
+	return vm, vmi
+}
+
+func TestAdoptPrintsOrCreatesTheFaultTolerantVM(t *testing.T) {
+	vm, vmi := legacyVM()
+	e, c, out, errb := env(t, vm, vmi)
+	if code := Main([]string{"adopt", "legacy", "--logging-network", "lockstep-system/ft-logging", "-o", "yaml"}, e); code != 0 {
+		t.Fatalf("adopt -o yaml: exit %d: %s", code, errb)
+	}
+	for _, want := range []string{"kind: FaultTolerantVM", "virtualMachineName: legacy", "name: lockstep-system/ft-logging", "uuid: vm-uid", `macAddress: "02:11:22:33:44:55"`, "name: legacy-root"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("adopt -o yaml lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out.String(), "status:") || strings.Contains(out.String(), "creationTimestamp") {
+		t.Fatalf("adopt -o yaml prints what a manifest does not hold:\n%s", out)
+	}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "db", Name: "legacy"}, &ftv1.FaultTolerantVM{}); err == nil {
+		t.Fatal("-o yaml created the FaultTolerantVM")
+	}
+	if code := Main([]string{"adopt", "legacy", "--logging-network", "ft-logging"}, e); code != 0 {
+		t.Fatalf("adopt: exit %d: %s", code, errb)
+	}
+	f := &ftv1.FaultTolerantVM{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "db", Name: "legacy"}, f); err != nil || f.Spec.AdoptFrom == nil || f.Spec.Template.Spec.Domain.Firmware.UUID != "vm-uid" {
+		t.Fatalf("adopt created %+v, %v", f.Spec, err)
+	}
+	for _, args := range [][]string{{"adopt", "legacy"}, {"adopt", "missing", "--logging-network", "n"}, {"adopt", "legacy", "--logging-network", "n", "-o", "json"}} {
+		errb.Reset()
+		if code := Main(args, e); code != 1 || errb.Len() == 0 {
+			t.Fatalf("%v: exit %d, %q; want an error", args, code, errb)
+		}
+	}
+}
+
+func TestReleaseSetsOnDeleteAndDeletes(t *testing.T) {
+	f := protectedVM()
+	f.UID = "ftvm-uid"
+	e, c, out, errb := env(t, f)
+	// The operator's part: once the FaultTolerantVM is gone, the VirtualMachine it was released into.
+	go func() {
+		for {
+			got := &ftv1.FaultTolerantVM{}
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "db", Name: "pg"}, got); apierrors.IsNotFound(err) {
+				_ = c.Create(context.Background(), &virtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "pg",
+					Annotations: map[string]string{adoption.AnnotationReleasedFrom: string(f.UID)}}})
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	if code := Main([]string{"release", "pg", "--wait=20s"}, e); code != 0 {
+		t.Fatalf("release: exit %d: %s", code, errb)
+	}
+	if !strings.Contains(out.String(), "virtualmachine.kubevirt.io/pg runs the VM") {
+		t.Fatalf("output: %s", out)
+	}
+
+	deleting := protectedVM()
+	deleting.Spec.DiskRetention = ftv1.DiskRetentionDelete
+	e, _, _, errb = env(t, deleting)
+	if code := Main([]string{"release", "pg"}, e); code != 1 || !strings.Contains(errb.String(), "diskRetention Delete") {
+		t.Fatalf("release with diskRetention Delete: exit %d: %s", code, errb)
 	}
 }

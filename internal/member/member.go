@@ -143,7 +143,7 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
 		if claim, ok := m.Claims[v.Name]; ok && ClaimOf(v) != "" {
-			useClaim(v, claim)
+			UseClaim(v, claim)
 		}
 	}
 
@@ -333,9 +333,9 @@ func ClaimOf(v *virtv1.Volume) string {
 	return ""
 }
 
-// useClaim makes a claim-backed volume use claim. A dataVolume volume stays one while it names its
+// UseClaim makes a claim-backed volume use claim. A dataVolume volume stays one while it names its
 // own claim (KubeVirt then waits for the DataVolume to be ready); a member's copy is a plain claim.
-func useClaim(v *virtv1.Volume, claim string) {
+func UseClaim(v *virtv1.Volume, claim string) {
 	switch {
 	case v.PersistentVolumeClaim != nil:
 		v.PersistentVolumeClaim.ClaimName = claim
