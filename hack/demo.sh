@@ -4,7 +4,8 @@
 #   1. starts the full-stack local cluster (hack/local-cluster.sh with FULL_STACK=1: a real
 #      kube-apiserver, etcd, controller manager and scheduler; kwok nodes, each with a host of its
 #      own running lockstepd; the operator; the KubeVirt test double booting each member through
-#      lockstep's hook and libvirt, with real QEMU and the counter guest);
+#      lockstep's hook and libvirt, with real QEMU and the counter guest), lockstep installed as
+#      users install it: the Helm chart (INSTALL=helm), its webhooks answering;
 #   2. applies the counter VM (test/fullstack/testdata/counter-vm.yaml) and waits until it is
 #      Protected;
 #   3. starts a client that asks the VM's counter all along, kills the primary's node (its host:
@@ -17,7 +18,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export CLUSTER_NAME="${CLUSTER_NAME:-lockstep-demo}" FULL_STACK=1
+export CLUSTER_NAME="${CLUSTER_NAME:-lockstep-demo}" FULL_STACK=1 INSTALL="${INSTALL:-helm}"
 export NODE_LOST_GRACE="${NODE_LOST_GRACE:-10s}"
 CLUSTER="$ROOT/hack/local-cluster.sh"
 STEP_TIMEOUT="${STEP_TIMEOUT:-180}" # seconds per step

@@ -41,12 +41,13 @@
 # runs no containers, so the operator runs as a process with the args of the chart's Deployment
 # (read back from the API: a `helm upgrade` followed by `stop`/`start operator` is a rollout), its
 # webhook certificate from the chart's Secret, and its webhooks, which the API server calls on
-# loopback (the chart's webhook.url). Not with FULL_STACK.
+# loopback (the chart's webhook.url). With FULL_STACK too, the chart's lockstepd and launcher
+# policies, COLO and the logging network (hack/local-cluster-values-fullstack.yaml).
 #
 # Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s; with
-# INSTALL=helm the chart's operator.nodeLostGrace), OPERATOR_ARGS (more operator flags),
+# INSTALL=helm it sets the chart's operator.nodeLostGrace), OPERATOR_ARGS (more operator flags),
 # FULL_STACK, INSTALL, HELM_VALUES, LOCKSTEP_CACHE, KWOKCTL_CONFIG (kwokctl's configuration, default
-# hack/kwokctl.yaml).
+# hack/kwokctl.yaml), EVICTION_WEBHOOK_PORT (the KubeVirt double's eviction interceptor, default 9445).
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
@@ -129,17 +130,31 @@ install() {
   done
   if helm_install; then
     local values=(-f "$ROOT/hack/local-cluster-values.yaml") f
+    if full_stack; then values+=(-f "$ROOT/hack/local-cluster-values-fullstack.yaml"); fi
     for f in ${HELM_VALUES:-}; do values+=(-f "$f"); done
+    if [ -n "${NODE_LOST_GRACE:-}" ]; then values+=(--set "operator.nodeLostGrace=$NODE_LOST_GRACE"); fi
     helm upgrade --install lockstep "$ROOT/charts/lockstep" -n lockstep-system --create-namespace "${values[@]}" >/dev/null
   else
     "$ROOT/bin/kustomize" build "$ROOT/config/local" | kubectl apply --server-side --force-conflicts -f - >/dev/null
   fi
   if full_stack; then
-    # lockstepd, and what members' launcher pods get: the member directory and lockstep's QEMU.
+    # lockstepd, and what members' launcher pods get: the member directory and lockstep's QEMU
+    # (the chart holds them; kustomize users apply them beside config/default).
     local c
-    for c in lockstepd kubevirt; do
-      "$ROOT/bin/kustomize" build "$ROOT/config/$c" | kubectl apply --server-side --force-conflicts -f - >/dev/null
-    done
+    if ! helm_install; then
+      for c in lockstepd kubevirt; do
+        "$ROOT/bin/kustomize" build "$ROOT/config/$c" | kubectl apply --server-side --force-conflicts -f - >/dev/null
+      done
+      # The logging network lockstepd attaches, which a kustomize user creates (config/default
+      # says so), with the one configuration the chart's values give it.
+      kubectl apply -f - >/dev/null <<NAD
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: ft-logging, namespace: lockstep-system}
+spec:
+  config: '$(sed -n "s/^  config: '\(.*\)'$/\1/p" "$ROOT/hack/local-cluster-values-fullstack.yaml")'
+NAD
+    fi
     wait_launcher_policies
   fi
   kubectl wait --for condition=Established --timeout 60s crd --all >/dev/null
@@ -253,7 +268,8 @@ start() {
       fi
       if full_stack; then cmd+=(--colo); fi ;;
     kubevirt-double)
-      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH")
+      # --eviction-webhook-port: virt-api's eviction interceptor (kubectl drain of a launcher pod).
+      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH" --eviction-webhook-port "${EVICTION_WEBHOOK_PORT:-9445}")
       if full_stack; then
         cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd"
           --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")"
@@ -276,6 +292,24 @@ start() {
     setsid "${cmd[@]}" </dev/null >>"$RUN_DIR/$1.log" 2>&1 &
   fi
   echo $! >"$RUN_DIR/$1.pid"
+  if [ "$1" = operator ] && helm_install; then wait_webhook; fi
+}
+
+# wait_webhook: until the operator answers TLS on the webhook port the chart's webhook.url names
+# (the API server calls it there): FaultTolerantVM writes fail until then, as in a cluster whose
+# every operator replica is starting.
+wait_webhook() {
+  local url port
+  url="$(helm get values lockstep -n lockstep-system --all -o json | sed -n 's/.*"url":"\(https:[^"]*\)".*/\1/p')"
+  port="${url##*:}"
+  port="${port%%/*}"
+  for _ in $(seq 1 120); do
+    if timeout 1 bash -c "</dev/tcp/127.0.0.1/${port:-9443}" 2>/dev/null; then return 0; fi
+    running operator || break
+    sleep 0.5
+  done
+  echo ">> the operator does not answer on its webhook port ${port:-9443}: see $RUN_DIR/operator.log" >&2
+  return 1
 }
 
 # operator_memory_limit: the memory limit of the operator's Deployment (the chart's, read back

@@ -46,7 +46,8 @@ var _ = BeforeSuite(func() {
 	if name == "" {
 		name = "lockstep-e2e"
 	}
-	lc = localcluster.New(name, "E2E_KEEP", "NODE_LOST_GRACE="+nodeLostGrace)
+	// Installed as users install it: the chart, with the operator's webhooks answering.
+	lc = localcluster.New(name, "E2E_KEEP", "INSTALL=helm", "NODE_LOST_GRACE="+nodeLostGrace)
 
 	By("bringing up the local cluster with 6 nodes, the operator and the KubeVirt test double")
 	Expect(lc.Up(6)).To(Succeed())

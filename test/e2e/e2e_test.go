@@ -328,6 +328,61 @@ var _ = Describe("lockstep on a local cluster", func() {
 		}).WithTimeout(5 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
 	})
 
+	// kubectl drain as an administrator runs it. The KubeVirt double intercepts the eviction of a
+	// launcher pod as virt-api does (429, and the VMI marked for evacuation); lockstep moves the
+	// member, its VMI and pod go, and the drain completes.
+	It("kubectl drain completes on a secondary's node and on a primary's, and waits, saying why, where no node can take the member", func() {
+		ns := newNamespace()
+		newFTVM(ns, "drained")
+		before := waitProtected(ns, "drained")
+		drain := func(node string, timeout time.Duration) (string, error) {
+			return lc.Kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout="+timeout.String())
+		}
+		uncordon := func(nodes ...string) {
+			for _, n := range nodes {
+				_, err := lc.Kubectl("uncordon", n)
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+
+		By("draining the secondary's node: the secondary moves, the primary stays")
+		out, err := drain(before.Status.Secondary.Node, 3*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("Eviction triggered evacuation of VMI"), "KubeVirt refused the eviction and evacuated instead")
+		Expect(out).To(ContainSubstring("drained"))
+		after := waitProtected(ns, "drained")
+		Expect(after.Status.Primary.UID).To(Equal(before.Status.Primary.UID))
+		Expect(after.Status.Secondary.Node).NotTo(Equal(before.Status.Secondary.Node))
+		uncordon(before.Status.Secondary.Node)
+
+		By("draining the primary's node: the VM is handed over to its secondary, and a new secondary placed")
+		out, err = drain(after.Status.Primary.Node, 3*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), out)
+		handed := waitProtected(ns, "drained")
+		Expect(handed.Status.Primary.UID).To(Equal(after.Status.Secondary.UID), "the synchronized secondary took over")
+		Expect([]string{handed.Status.Primary.Node, handed.Status.Secondary.Node}).NotTo(ContainElement(after.Status.Primary.Node))
+		uncordon(after.Status.Primary.Node)
+
+		By("no node can take the secondary: every other node cordoned; the drain waits, and the FaultTolerantVM says why")
+		var others []string
+		for _, n := range nodeNames(6) {
+			if n != handed.Status.Primary.Node && n != handed.Status.Secondary.Node {
+				others = append(others, n)
+				_, err := lc.Kubectl("cordon", n)
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+		DeferCleanup(func() { uncordon(append(others, handed.Status.Secondary.Node)...) })
+		out, err = drain(handed.Status.Secondary.Node, 12*time.Second) // two tries: kubectl drain retries every 5 s
+		Expect(err).To(HaveOccurred(), "the drain cannot complete\n%s", out)
+		Expect(out).To(ContainSubstring("Evacuation in progress"), "kubectl drain retried the eviction")
+		Eventually(func() string { return eventMessages(ns, "drained", ftv1.ReasonEvacuationWaiting) }).
+			WithTimeout(recoveryTimeout).WithPolling(poll).Should(ContainSubstring("no other node can take the VM's next secondary"))
+		still := getFTVM(ns, "drained")
+		Expect(still.Status.State).To(Equal(ftv1.StateProtected), "the VM stays protected where it is")
+		Expect(still.Status.Secondary.UID).To(Equal(handed.Status.Secondary.UID))
+	})
+
 	It("rejects invalid FaultTolerantVMs with clear messages and leaves running ones alone", func() {
 		ns := newNamespace()
 		newFTVM(ns, "good")
@@ -355,12 +410,12 @@ var _ = Describe("lockstep on a local cluster", func() {
 			GinkgoWriter.Printf("%s rejected: %v\n", c.f.Name, err)
 		}
 
-		By("a spec the API server accepts but the operator cannot protect: a missing logging network")
+		By("a spec the schema accepts but lockstep's webhook refuses: a logging network that does not exist")
 		missing := ftvm(ns, "missing-network")
 		missing.Spec.LoggingNetwork.Name = "no-such-network"
-		Expect(k8s.Create(ctx(), missing)).To(Succeed())
-		waitNotProtected(ns, "missing-network", ftv1.ReasonLoggingNetworkNotFound, "no-such-network")
-		Expect(members(ns, "missing-network")).To(BeEmpty())
+		err := k8s.Create(ctx(), missing)
+		Expect(err).To(MatchError(ContainSubstring(`admission webhook "vfaulttolerantvm.ft.lockstep.dev" denied the request`)))
+		Expect(err).To(MatchError(ContainSubstring("no-such-network: create it first, or give spec.loggingNetwork.config")))
 
 		Consistently(func(g Gomega) { expectPairHealthy(g, ns, "good") }).
 			WithTimeout(3 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -342,15 +343,19 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 	})
 
 	// A lockstepd restart ends the protection of its node's VMs (docs/colo.md); a rollout of its
-	// DaemonSet must not walk the VM through that on one node after another while it is not
-	// protected again. The double is the kubelet of lockstepd's pods: it stops each with SIGTERM,
+	// DaemonSet (here a helm upgrade, as users upgrade) must not walk the VM through that on one
+	// node after another while it is not protected again. The double is the kubelet of lockstepd's pods: it stops each with SIGTERM,
 	// and sets the new one Ready from lockstepd's own readiness probe.
 	It("rolls lockstepd out node by node, each node only once the VM is protected again: nothing lost, the unprotected time reported", func() {
 		protected()
 		rollout := lockstepdRollout{}
 		rollout.observeFrom(time.Now())
-		By("a new lockstepd image in the DaemonSet: its pods are replaced one node at a time")
-		kubectl("-n", "lockstep-system", "set", "image", "daemonset/lockstepd", "lockstepd=lockstep-operator:rollout-test")
+		By("helm upgrade to a new image: lockstepd's pods are replaced one node at a time")
+		out, err := lc.Run("helm", "upgrade", "lockstep", filepath.Join(lc.Root, "charts", "lockstep"), "-n", "lockstep-system",
+			"--reset-then-reuse-values", "--set", "image.tag=rollout-test")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(kubectl("-n", "lockstep-system", "get", "daemonset/lockstepd", "-o", "jsonpath={.spec.template.spec.containers[0].image}")).
+			To(HaveSuffix(":rollout-test"))
 		rollout.until(10 * time.Minute)
 		figures.Add("lockstepd rollout (4 nodes): image changed → every pod replaced and ready", rollout.took)
 		figures.Add("lockstepd rollout (4 nodes): the VM unprotected, in all", rollout.unprotected)
@@ -364,7 +369,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		expectServing(cl)
 
 		By("kubectl ftvm says the same as the status, from the API server")
-		out := ftvmPlugin("status", ftvmName, "-n", "default")
+		out = ftvmPlugin("status", ftvmName, "-n", "default")
 		Expect(out).To(ContainSubstring("State:       Protected"))
 		Expect(out).To(ContainSubstring(fmt.Sprintf("Secondary:   %s@%s (synchronized: yes)", f.Status.Secondary.VMI, f.Status.Secondary.Node)))
 		Expect(ftvmPlugin("status", "-A")).To(MatchRegexp(`default\s+%s\s+Protected\s+%s@%s`, ftvmName, f.Status.Primary.VMI, f.Status.Primary.Node))

@@ -42,8 +42,10 @@ const (
 )
 
 var (
-	k8s     ctrlclient.Client
-	lc      = localcluster.New(clusterName, "FULLSTACK_KEEP", "FULL_STACK=1", "NODE_LOST_GRACE="+nodeLostGrace.String())
+	k8s ctrlclient.Client
+	// Installed as users install it: the chart (hack/local-cluster-values-fullstack.yaml: lockstepd,
+	// COLO, the logging network), with the operator's webhooks answering.
+	lc      = localcluster.New(clusterName, "FULLSTACK_KEEP", "FULL_STACK=1", "INSTALL=helm", "NODE_LOST_GRACE="+nodeLostGrace.String())
 	up      bool
 	figures = &localcluster.Figures{
 		Title: fmt.Sprintf("Full-stack figures (node-lost grace %s; lockstepd's defaults)", nodeLostGrace),

@@ -10,6 +10,9 @@
 //     A VMI pinned to a Ready node (lockstep's node label) becomes Scheduled and then Running
 //     there, with status.nodeName set. A VMI on a node that is not Ready is left as it is, as
 //     virt-handler on a dead node would leave it; its loss is for lockstep to notice.
+//
+// Beside them, VMController (vms.go) plays KubeVirt's VirtualMachine controller in envtest, and
+// EvictionInterceptor (eviction.go) virt-api's eviction webhook in the local cluster.
 package kubevirtdouble
 
 import (
