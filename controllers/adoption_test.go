@@ -2,9 +2,11 @@ package controllers_test
 
 import (
 	"fmt"
+	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -43,6 +45,9 @@ func setupLegacyVM(ns string) (*virtv1.VirtualMachine, *virtv1.VirtualMachineIns
 				ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Metadata.Labels},
 				Spec:       tmpl.Spec,
 			},
+			// The DataVolume's template: KubeVirt's VirtualMachine controller would take an
+			// ownerless DataVolume of this name back.
+			DataVolumeTemplates: []virtv1.DataVolumeTemplateSpec{{ObjectMeta: metav1.ObjectMeta{Name: "disk"}}},
 		},
 	}
 	Expect(k8s.Create(ctx(), vm)).To(Succeed())
@@ -209,7 +214,7 @@ var _ = Describe("Adoption and release", func() {
 		Expect(monitor.violations()).To(BeEmpty())
 	})
 
-	It("warns when the template gives the adopted guest new hardware, and stops a VirtualMachine that comes back", func() {
+	It("warns when the template gives the adopted guest new hardware; a VirtualMachine that comes back is refused, or else stopped", func() {
 		ns := newNamespace()
 		monitor := watchPrimaries(ns)
 		vm, _ := setupLegacyVM(ns)
@@ -220,10 +225,21 @@ var _ = Describe("Adoption and release", func() {
 		expectAdopted(ns)
 		Expect(eventMessages(ns, "vm", ftv1.ReasonAdoptionIdentityChanged)).To(ContainSubstring("firmware UUID"))
 
-		By("a GitOps tool applying the old VirtualMachine again")
+		By("a GitOps tool applying the old VirtualMachine again: the admission policy refuses it")
 		again := &virtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns}, Spec: *vm.Spec.DeepCopy()}
+		Eventually(func() error { return k8s.Create(ctx(), again.DeepCopy()) }, timeout, interval).
+			Should(MatchError(ContainSubstring("a VirtualMachine of that name would run it twice")))
+
+		By("without the policy, the operator stops and removes it")
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Name: "lockstep-adopted-virtualmachines"}, binding)).To(Succeed())
+		Expect(k8s.Delete(ctx(), binding)).To(Succeed())
+		DeferCleanup(func() {
+			binding.ResourceVersion, binding.UID = "", ""
+			Expect(k8s.Create(ctx(), binding)).To(Succeed())
+		})
 		again.Spec.RunStrategy = ptr.To(virtv1.RunStrategyHalted) // (running, the double would start it before the operator could look)
-		Expect(k8s.Create(ctx(), again)).To(Succeed())
+		Eventually(func() error { return k8s.Create(ctx(), again.DeepCopy()) }, timeout, interval).Should(Succeed())
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &virtv1.VirtualMachine{}))
 		}, timeout, interval).Should(BeTrue(), "removed again")
@@ -269,6 +285,57 @@ var _ = Describe("Adoption and release", func() {
 	})
 })
 
+var _ = Describe("Releasing an adoption that has not finished", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("gives the VirtualMachine its run strategy back and starts no member", func() {
+		ns := newNamespace()
+		monitor := watchPrimaries(ns)
+		_, legacy := setupLegacyVM(ns)
+		By("its VMI held by a finalizer, as on a node that does not answer: the adoption waits")
+		base := legacy.DeepCopy()
+		legacy.Finalizers = append(legacy.Finalizers, "lockstep.test/hold")
+		Expect(k8s.Patch(ctx(), legacy, client.MergeFrom(base))).To(Succeed())
+		adopt(ns)
+		waitFor(ns, "vm", "adopting, waiting for the VMI", func(f *ftv1.FaultTolerantVM) bool {
+			c := condition(f, ftv1.ConditionProtected)
+			return f.Status.State == ftv1.StateStarting && c != nil && c.Reason == ftv1.ReasonAdopting && strings.Contains(c.Message, "waiting for VirtualMachineInstance vm")
+		})
+		vm := &virtv1.VirtualMachine{}
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, vm)).To(Succeed())
+		Expect(*vm.Spec.RunStrategy).To(Equal(virtv1.RunStrategyHalted))
+
+		releaseFTVM(ns)
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &ftv1.FaultTolerantVM{}))
+		}, timeout, interval).Should(BeTrue())
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, vm)).To(Succeed())
+		Expect(*vm.Spec.RunStrategy).To(Equal(virtv1.RunStrategyAlways), "the strategy it had before")
+		Expect(vm.Annotations).NotTo(HaveKey("ft.lockstep.dev/run-strategy-before-adoption"))
+		Expect(vm.Spec.DataVolumeTemplates).To(HaveLen(1), "untouched")
+		Expect(members(ns, "vm")).To(BeEmpty())
+		Expect(eventMessages(ns, "vm", ftv1.ReasonReleased)).To(ContainSubstring("had not finished"))
+
+		By("the VMI let go: KubeVirt runs the VM again")
+		Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, legacy)).To(Succeed())
+		base = legacy.DeepCopy()
+		legacy.Finalizers = nil
+		Expect(k8s.Patch(ctx(), legacy, client.MergeFrom(base))).To(Succeed())
+		Eventually(func(g Gomega) {
+			vmi := &virtv1.VirtualMachineInstance{}
+			g.Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, vmi)).To(Succeed())
+			g.Expect(vmi.DeletionTimestamp).To(BeNil())
+			g.Expect(vmi.Status.Phase).To(Equal(virtv1.Running))
+		}, timeout, interval).Should(Succeed())
+		Expect(k8s.Delete(ctx(), vm)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "vm"}, &virtv1.VirtualMachineInstance{}))
+		}, timeout, interval).Should(BeTrue())
+		monitor.stop()
+		Expect(monitor.violations()).To(BeEmpty())
+	})
+})
+
 var _ = Describe("Crash points of adoption and release", func() {
 	AfterEach(func() { deleteAllNodes() })
 
@@ -282,8 +349,10 @@ var _ = Describe("Crash points of adoption and release", func() {
 			check:   func(ns string, _ pairBefore) { expectAdopted(ns) },
 			rows: []string{
 				"patch FaultTolerantVM vm",           // the finalizer
-				"patch VirtualMachine vm",            // set to Halted: KubeVirt stops its VMI
+				"patch VirtualMachine vm",            // set to Halted (the strategy it had noted): KubeVirt stops its VMI
 				status("FaultTolerantVM", "vm"),      // Adopting
+				"patch VirtualMachine vm",            // its dataVolumeTemplates dropped: KubeVirt cannot take the DataVolume back
+				status("FaultTolerantVM", "vm"),      // releasing its disks
 				"patch DataVolume disk",              // released from the VirtualMachine
 				"delete VirtualMachine vm",           // which goes, its disks staying
 				status("FaultTolerantVM", "vm"),      // the pair may start
@@ -295,8 +364,10 @@ var _ = Describe("Crash points of adoption and release", func() {
 				"patch VirtualMachineInstance vm-2", // synchronized
 				status("FaultTolerantVM", "vm"),
 			},
-			// From row 7 on, the pair starts as any new pair does.
-			crashRows: []int{1, 2, 3, 4, 5, 6},
+			// After each of its writes to the VirtualMachine and its disks; the finalizer and the
+			// status (rows 1, 3, 5, 8) decide nothing, and from row 9 on the pair starts as any new
+			// pair does.
+			crashRows: []int{2, 4, 6, 7},
 		})
 	})
 

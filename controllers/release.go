@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -24,10 +25,24 @@ import (
 // (adoption.AnnotationReleasedFrom), so that a reconcile after a crash finds it made and does not
 // make it again; one that lockstep did not make blocks the release, with a warning.
 func (r *FaultTolerantVMReconciler) releaseVM(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (bool, error) {
+	// The cache may still show a FaultTolerantVM whose release ended (its finalizer removed) and
+	// whose VirtualMachine was deleted or changed since: only one the API server still holds is
+	// released.
+	fresh := &ftv1.FaultTolerantVM{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(ftvm), fresh); err != nil || fresh.UID != ftvm.UID || !controllerutil.ContainsFinalizer(fresh, ftv1.Finalizer) {
+		return false, client.IgnoreNotFound(err)
+	}
+	if back, err := r.unadopt(ctx, ftvm); err != nil || back {
+		return back, err
+	}
 	existing := &virtv1.VirtualMachine{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: ftvm.Name}, existing)
 	switch {
 	case err == nil && existing.Annotations[adoption.AnnotationReleasedFrom] == string(ftvm.UID):
+		// Made on an earlier pass, whose event a crash right after may have lost (a repeat is
+		// harmless).
+		r.Recorder.Eventf(ftvm, nil, corev1.EventTypeNormal, ftv1.ReasonReleased, "Release",
+			"released the VM into VirtualMachine %s (runStrategy %s)", existing.Name, ptr.Deref(existing.Spec.RunStrategy, ""))
 		return true, nil
 	case err == nil:
 		r.Recorder.Eventf(ftvm, nil, corev1.EventTypeWarning, ftv1.ReasonReleaseBlocked, "Release",
@@ -35,12 +50,6 @@ func (r *FaultTolerantVMReconciler) releaseVM(ctx context.Context, ftvm *ftv1.Fa
 		return false, nil
 	case !apierrors.IsNotFound(err):
 		return false, err
-	}
-	// The cache may still show a FaultTolerantVM whose release ended (its finalizer removed) and
-	// whose VirtualMachine was deleted since: only one the API server still holds is released.
-	fresh := &ftv1.FaultTolerantVM{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(ftvm), fresh); err != nil || fresh.UID != ftvm.UID || !controllerutil.ContainsFinalizer(fresh, ftv1.Finalizer) {
-		return false, client.IgnoreNotFound(err)
 	}
 	claims, err := r.currentClaims(ctx, ftvm)
 	if err != nil {
@@ -92,4 +101,35 @@ func describeClaims(claims map[string]string) string {
 		out += fmt.Sprintf("volume %s on claim %s", v, claims[v])
 	}
 	return out
+}
+
+// unadopt gives a VirtualMachine whose adoption had not finished (the operator halted it but had
+// not removed it: annotationRunStrategyBeforeAdoption is on it) its run strategy back: it still
+// holds the VM, on its own disks, so it is what the FaultTolerantVM is released into. It says
+// whether there was one.
+func (r *FaultTolerantVMReconciler) unadopt(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (bool, error) {
+	if ftvm.Spec.AdoptFrom == nil {
+		return false, nil
+	}
+	vm := &virtv1.VirtualMachine{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: ftvm.Spec.AdoptFrom.VirtualMachineName}, vm)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	before, halted := vm.Annotations[annotationRunStrategyBeforeAdoption]
+	if !halted || vm.DeletionTimestamp != nil {
+		return false, nil
+	}
+	base := vm.DeepCopy()
+	strategy := virtv1.VirtualMachineRunStrategy(before)
+	vm.Spec.RunStrategy = &strategy
+	delete(vm.Annotations, annotationRunStrategyBeforeAdoption)
+	if err := r.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return false, fmt.Errorf("giving VirtualMachine %s its run strategy back: %w", vm.Name, err)
+	}
+	r.Recorder.Eventf(ftvm, nil, corev1.EventTypeNormal, ftv1.ReasonReleased, "Release",
+		"the adoption of VirtualMachine %s had not finished: it runs the VM again as before (runStrategy %s)", vm.Name, before)
+	return true, nil
 }

@@ -97,6 +97,11 @@ var _ = BeforeSuite(func() {
 		Expect(double.Start(suiteCtx)).To(Succeed())
 	}()
 
+	// The adopted VirtualMachines' admission policy, as config/default and the chart install it.
+	for _, u := range readObjects(filepath.Join(root, "config", "adoption", "adopted-vm-policy.yaml")) {
+		Expect(k8s.Create(ctx(), u)).To(Succeed(), "%s %s", u.GetKind(), u.GetName())
+	}
+
 	startWebhooks()
 	operator = startOperator()
 })

@@ -19,6 +19,7 @@ cp config/crd/bases/ft.lockstep.dev_faulttolerantvms.yaml config/crd/bases/ft.lo
 } >"$chart/files/rbac.yaml"
 cp config/webhook/manifests.yaml "$chart/files/webhooks.yaml"
 cp config/lockstepd/admission-policy.yaml "$chart/files/lockstepd-admission-policy.yaml"
+cp config/adoption/adopted-vm-policy.yaml "$chart/files/adopted-vm-policy.yaml"
 cp config/kubevirt/member-directory-policy.yaml "$chart/files/member-directory-policy.yaml"
 cp config/kubevirt/member-qemu-policy.yaml "$chart/files/member-qemu-policy.yaml"
 cp config/kubevirt-plugin/plugin.yaml "$chart/files/kubevirt-plugin.yaml"

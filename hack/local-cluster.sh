@@ -147,12 +147,15 @@ install() {
       done
       # The logging network lockstepd attaches, which a kustomize user creates (config/default
       # says so), with the one configuration the chart's values give it.
+      local net
+      net="$(sed -n "s/^  config: '\(.*\)'$/\1/p" "$ROOT/hack/local-cluster-values-fullstack.yaml")"
+      [ -n "$net" ] || { echo ">> no loggingNetwork.config in hack/local-cluster-values-fullstack.yaml" >&2; exit 1; }
       kubectl apply -f - >/dev/null <<NAD
 apiVersion: k8s.cni.cncf.io/v1
 kind: NetworkAttachmentDefinition
 metadata: {name: ft-logging, namespace: lockstep-system}
 spec:
-  config: '$(sed -n "s/^  config: '\(.*\)'$/\1/p" "$ROOT/hack/local-cluster-values-fullstack.yaml")'
+  config: '$net'
 NAD
     fi
     wait_launcher_policies
@@ -295,7 +298,7 @@ start() {
   if [ "$1" = operator ] && helm_install; then wait_webhook; fi
 }
 
-# wait_webhook: until the operator answers TLS on the webhook port the chart's webhook.url names
+# wait_webhook: until the operator accepts connections on the webhook port the chart's webhook.url names
 # (the API server calls it there): FaultTolerantVM writes fail until then, as in a cluster whose
 # every operator replica is starting.
 wait_webhook() {

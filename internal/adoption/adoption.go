@@ -21,7 +21,9 @@ import (
 
 // kubevirtFirmwareNamespace is the namespace UUID of KubeVirt's legacy firmware UUIDs: before
 // KubeVirt kept a VM's firmware UUID in its spec, it gave the guest the name-based (v5) UUID of
-// the VM's name in this namespace, and it still does for a VM whose spec has none.
+// the VM's name in this namespace; since then it writes that UUID into the spec of a VM that has
+// none when it next starts it, and a new VM gets a random one. A stopped VM of an older KubeVirt
+// may still have none: its guest last saw the legacy UUID.
 var kubevirtFirmwareNamespace = uuid.MustParse("6a1a24a1-4061-4607-8bf4-a3963d0c5895")
 
 // FirmwareUUID is the firmware UUID that vm's guest sees: its running VMI's (nil when it runs

@@ -173,7 +173,9 @@ var _ = Describe("lockstep on a local cluster", func() {
 		Expect(f.Status.FailoverCount).To(Equal(int32(1)))
 		Expect(f.Status.LastFailoverTime).NotTo(BeNil())
 		Expect(eventReasons(ns, "db")).To(ContainElement(ftv1.ReasonPromoted))
-		Expect(eventMessages(ns, "db", ftv1.ReasonPromoted)).To(And(ContainSubstring(oldPrimary), ContainSubstring("Unreachable")))
+		// The node controller marks the node Ready=Unknown and then taints it unreachable, rate
+		// limited per zone (--node-eviction-rate): the operator may judge it lost on either.
+		Expect(eventMessages(ns, "db", ftv1.ReasonPromoted)).To(MatchRegexp(`node %s is Node(Unreachable|NotReady) since`, oldPrimary))
 	})
 
 	It("starts a new secondary when the secondary's node dies, and leaves the primary alone", func() {
@@ -330,8 +332,9 @@ var _ = Describe("lockstep on a local cluster", func() {
 
 	// kubectl drain as an administrator runs it. The KubeVirt double intercepts the eviction of a
 	// launcher pod as virt-api does (429, and the VMI marked for evacuation); lockstep moves the
-	// member, its VMI and pod go, and the drain completes.
-	It("kubectl drain completes on a secondary's node and on a primary's, and waits, saying why, where no node can take the member", func() {
+	// member, its VMI and pod go, and the drain completes. (The full stack drains a primary's node,
+	// with its client checking every reply.)
+	It("kubectl drain completes on a secondary's node, and waits, saying why, where no node can take the member", func() {
 		ns := newNamespace()
 		newFTVM(ns, "drained")
 		before := waitProtected(ns, "drained")
@@ -345,6 +348,7 @@ var _ = Describe("lockstep on a local cluster", func() {
 			}
 		}
 
+		DeferCleanup(func() { uncordon(nodeNames(6)...) }) // whatever the spec leaves cordoned
 		By("draining the secondary's node: the secondary moves, the primary stays")
 		out, err := drain(before.Status.Secondary.Node, 3*time.Minute)
 		Expect(err).NotTo(HaveOccurred(), out)
@@ -355,32 +359,21 @@ var _ = Describe("lockstep on a local cluster", func() {
 		Expect(after.Status.Secondary.Node).NotTo(Equal(before.Status.Secondary.Node))
 		uncordon(before.Status.Secondary.Node)
 
-		By("draining the primary's node: the VM is handed over to its secondary, and a new secondary placed")
-		out, err = drain(after.Status.Primary.Node, 3*time.Minute)
-		Expect(err).NotTo(HaveOccurred(), out)
-		handed := waitProtected(ns, "drained")
-		Expect(handed.Status.Primary.UID).To(Equal(after.Status.Secondary.UID), "the synchronized secondary took over")
-		Expect([]string{handed.Status.Primary.Node, handed.Status.Secondary.Node}).NotTo(ContainElement(after.Status.Primary.Node))
-		uncordon(after.Status.Primary.Node)
-
 		By("no node can take the secondary: every other node cordoned; the drain waits, and the FaultTolerantVM says why")
-		var others []string
 		for _, n := range nodeNames(6) {
-			if n != handed.Status.Primary.Node && n != handed.Status.Secondary.Node {
-				others = append(others, n)
+			if n != after.Status.Primary.Node && n != after.Status.Secondary.Node {
 				_, err := lc.Kubectl("cordon", n)
 				Expect(err).NotTo(HaveOccurred())
 			}
 		}
-		DeferCleanup(func() { uncordon(append(others, handed.Status.Secondary.Node)...) })
-		out, err = drain(handed.Status.Secondary.Node, 12*time.Second) // two tries: kubectl drain retries every 5 s
+		out, err = drain(after.Status.Secondary.Node, 12*time.Second) // two tries: kubectl drain retries every 5 s
 		Expect(err).To(HaveOccurred(), "the drain cannot complete\n%s", out)
 		Expect(out).To(ContainSubstring("Evacuation in progress"), "kubectl drain retried the eviction")
 		Eventually(func() string { return eventMessages(ns, "drained", ftv1.ReasonEvacuationWaiting) }).
 			WithTimeout(recoveryTimeout).WithPolling(poll).Should(ContainSubstring("no other node can take the VM's next secondary"))
 		still := getFTVM(ns, "drained")
 		Expect(still.Status.State).To(Equal(ftv1.StateProtected), "the VM stays protected where it is")
-		Expect(still.Status.Secondary.UID).To(Equal(handed.Status.Secondary.UID))
+		Expect(still.Status.Secondary.UID).To(Equal(after.Status.Secondary.UID))
 	})
 
 	It("rejects invalid FaultTolerantVMs with clear messages and leaves running ones alone", func() {

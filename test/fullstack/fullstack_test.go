@@ -242,19 +242,28 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 
 	// vSphere FT's operations (FaultTolerantVMOperation and spec.protection), on every real part.
 
-	It("TestFailover: the secondary takes over from the running primary, nothing lost, and a new secondary protects it", func() {
+	// TestFailover, as a drain asks for it: kubectl drain of the primary's node. The KubeVirt double
+	// refuses the eviction of the primary's launcher pod as virt-api does and marks its VMI; the
+	// operator hands the VM over to its synchronized secondary (a TestFailover operation), and
+	// once the old primary and its pod are gone the drain completes.
+	It("TestFailover, by kubectl drain of the primary's node: the secondary takes over, nothing lost, a new secondary elsewhere, and the drain completes", func() {
 		f := protected()
 		p, s := *f.Status.Primary, *f.Status.Secondary
 		failovers := f.Status.FailoverCount
 		asked := time.Now()
-		runOperation("test-failover", ftv1.OperationTestFailover, "")
-		done := waitOperation("test-failover")
-		figures.Add("TestFailover: asked → Succeeded (Protected again)", time.Since(asked))
+		DeferCleanup(func() { kubectl("uncordon", p.Node) })
+		out, err := lc.Kubectl("drain", p.Node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=5m")
+		Expect(err).NotTo(HaveOccurred(), out)
+		figures.Add("kubectl drain of the primary's node: drain → node drained", time.Since(asked))
+		Expect(out).To(ContainSubstring("Eviction triggered evacuation of VMI"), "KubeVirt refused the eviction and evacuated instead")
+		done := waitOperation(p.VMI + "-evacuation")
+		Expect(done.Spec.Type).To(Equal(ftv1.OperationTestFailover))
 		Expect(done.Status.Primary.UID).To(Equal(p.UID))
 		Expect(done.Status.Result.Primary.UID).To(Equal(s.UID), "the secondary took over")
 		Expect(done.Status.Result.Secondary.UID).NotTo(BeElementOf(p.UID, s.UID))
 		again := protected()
 		Expect(again.Status.FailoverCount).To(Equal(failovers + 1))
+		Expect([]string{again.Status.Primary.Node, again.Status.Secondary.Node}).NotTo(ContainElement(p.Node), "nothing stays on the drained node")
 		Expect(recordHolder()).To(Equal(ftv1.SideIdentity(s.Node, s.VMI)))
 		expectOnePrimary()
 		expectServing(cl)

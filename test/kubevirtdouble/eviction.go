@@ -35,8 +35,10 @@ import (
 // every 5 s) and, the first time, sets the VMI's status.evacuationNodeName to the pod's node, for
 // the VMI's controller (lockstep, for a member) to move it; the pod goes when its VMI does, and
 // the drain with it. A dry-run eviction is refused without the mark. Every other eviction is
-// allowed. It does not look at the cluster-wide default eviction strategy (a VMI without one is
-// evicted), nor at PodDisruptionBudgets (the API server does).
+// allowed. It differs from virt-api in what does not concern members (whose strategy is External):
+// it does not look at the cluster-wide default eviction strategy (a VMI without one is evicted),
+// treats a LiveMigrate VMI as evacuable whether or not it can migrate, and skips virt-api's check
+// of a migration's target pod. Its certificate lasts a day.
 type EvictionInterceptor struct {
 	Client client.Client
 }
@@ -90,8 +92,9 @@ func evacuates(s *virtv1.EvictionStrategy) bool {
 
 // Serve serves the interceptor on 127.0.0.1:port with a certificate of its own and registers it
 // with the API server (a ValidatingWebhookConfiguration calling it there, as virt-operator
-// registers virt-api's), until ctx ends. The configuration stays when the double stops: as with
-// virt-api down, evictions then fail (failurePolicy Fail).
+// registers virt-api's, failurePolicy Ignore), until ctx ends. KubeVirt relies on a
+// PodDisruptionBudget of its own while virt-api is down; the double makes none, so with it stopped
+// a launcher pod is evicted outright.
 func (e *EvictionInterceptor) Serve(ctx context.Context, port int) error {
 	dir, err := os.MkdirTemp("", "kubevirt-double-webhook-")
 	if err != nil {
@@ -120,12 +123,12 @@ func (e *EvictionInterceptor) Serve(ctx context.Context, port int) error {
 func (e *EvictionInterceptor) register(ctx context.Context, url string, caPEM []byte) error {
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "virt-api-validator"}}
 	_, err := controllerutil.CreateOrUpdate(ctx, e.Client, cfg, func() error {
-		fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNoneOnDryRun
+		ignore, none := admissionregistrationv1.Ignore, admissionregistrationv1.SideEffectClassNoneOnDryRun
 		cfg.Webhooks = []admissionregistrationv1.ValidatingWebhook{{
 			Name:                    EvictionInterceptorName,
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/eviction"}}}},
-			FailurePolicy:           &fail,
+			FailurePolicy:           &ignore,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
 			TimeoutSeconds:          ptr.To(int32(10)),

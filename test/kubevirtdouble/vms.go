@@ -20,9 +20,9 @@ import (
 //
 //   - a VirtualMachine whose run strategy runs it (Always, RerunOnFailure, or spec.running true)
 //     gets a VMI of its name, controlled by it, from its template; the VMI has the template's
-//     firmware UUID, else the VirtualMachine's UID (what KubeVirt's webhook writes into a new
-//     VirtualMachine's spec), and runs at once on the first Ready node, reporting each interface's
-//     MAC: the template's, else one made up as a CNI would;
+//     firmware UUID, else the VirtualMachine's UID (a stand-in for the random UUID that KubeVirt's
+//     webhook writes into a new VirtualMachine's spec), and runs at once on the first Ready node,
+//     reporting each interface's MAC: the template's, else one made up as a CNI would;
 //   - a VirtualMachine set to Halted has its VMI deleted;
 //   - a VMI whose VirtualMachine is gone is deleted, as the garbage collector would.
 //
