@@ -94,20 +94,44 @@ func (c *MemoryCgroup) Peak() (int64, error) {
 // Anonymous is the anonymous memory the cgroup holds now (its processes' heaps and guest RAM;
 // not the page cache, which the kernel reclaims before it kills anything), in bytes.
 func (c *MemoryCgroup) Anonymous() (int64, error) {
-	key := "total_rss"
-	if c.v2 {
-		key = "anon"
-	}
-	b, err := os.ReadFile(filepath.Join(c.Dir, "memory.stat"))
+	st, err := c.Stat()
 	if err != nil {
 		return 0, err
 	}
+	return st.Anonymous, nil
+}
+
+// MemoryStat is what a cgroup holds now and how often its processes waited for a page read back
+// from a file (a cgroup at its limit that the kernel does not kill reclaims its page cache, its
+// programs' own code among it, and reads it back again: it thrashes).
+type MemoryStat struct {
+	Anonymous, PageCache, MajorFaults int64
+}
+
+// Stat reads the cgroup's memory.stat (the totals over its children, on cgroup v1).
+func (c *MemoryCgroup) Stat() (MemoryStat, error) {
+	keys := map[string]string{"anon": "total_rss", "file": "total_cache", "pgmajfault": "total_pgmajfault"}
+	if c.v2 {
+		keys = map[string]string{"anon": "anon", "file": "file", "pgmajfault": "pgmajfault"}
+	}
+	b, err := os.ReadFile(filepath.Join(c.Dir, "memory.stat"))
+	if err != nil {
+		return MemoryStat{}, err
+	}
+	values := map[string]int64{}
 	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == key {
-			return strconv.ParseInt(v, 10, 64)
+		if k, v, ok := strings.Cut(line, " "); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				values[k] = n
+			}
 		}
 	}
-	return 0, fmt.Errorf("%s/memory.stat has no %s", c.Dir, key)
+	for _, k := range keys {
+		if _, ok := values[k]; !ok {
+			return MemoryStat{}, fmt.Errorf("%s/memory.stat has no %s", c.Dir, k)
+		}
+	}
+	return MemoryStat{Anonymous: values[keys["anon"]], PageCache: values[keys["file"]], MajorFaults: values[keys["pgmajfault"]]}, nil
 }
 
 // Remove removes the cgroup once its processes are gone (a killed process leaves it a moment

@@ -260,7 +260,9 @@ const fillMiB = 320
 // TestLibvirtSecondaryReservedWithoutItsRAMCacheIsKilled is the check above, failing where it
 // must: a secondary whose memory is reserved as a primary's (the guest's memory, without its RAM
 // cache) gets the launcher limit KubeVirt gives a primary, and when the guest fills its memory the
-// kernel kills the secondary's QEMU for going over it. The primary goes on alone.
+// kernel kills the secondary's QEMU for going over it. The primary goes on alone. (In some runs
+// the kernel refuses a charge without a kill and QEMU ends on the error, or leaves QEMU thrashing
+// at the limit: the test shows that the launcher was at its limit, and which it was.)
 func TestLibvirtSecondaryReservedWithoutItsRAMCacheIsKilled(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, viaLibvirt, debian, func(c *cluster) { c.secondaryWithoutRAMCache = true })
 	s.oomExpected = true
@@ -268,15 +270,63 @@ func TestLibvirtSecondaryReservedWithoutItsRAMCacheIsKilled(t *testing.T) {
 	select {
 	case <-s.exited:
 	case <-time.After(2 * time.Minute):
+		// The kernel kills nothing while it can reclaim something: a launcher at its limit whose
+		// programs' code it evicts and reads back again makes just enough progress never to be
+		// killed. That secondary cannot hold the guest either; anything else fails the test.
+		if thrashing(t, s.cgroup) {
+			return
+		}
 		t.Fatalf("the secondary reserved without its RAM cache still runs two minutes after the guest filled its memory (its launcher held at most %s)", peakOf(s.cgroup))
 	}
-	if kills, err := s.cgroup.OOMKills(); err != nil || kills == 0 {
-		t.Fatalf("the secondary's QEMU exited, but not killed for its memory (%d kills, %v)", kills, err)
+	kills, err := s.cgroup.OOMKills()
+	peak, _ := s.cgroup.Peak()
+	qlog, _ := os.ReadFile(s.qemuLog)
+	switch {
+	case err == nil && kills > 0:
+		t.Logf("the kernel killed the secondary's QEMU at its launcher's limit of %d MiB (most held: %d MiB)", s.cgroup.Limit>>20, peak>>20)
+	case peak >= s.cgroup.Limit-(1<<20):
+		// A charge the kernel refuses without killing (memory the kernel itself allocates for the
+		// process, a socket's buffers) fails the call that asked for it: QEMU ends on that error.
+		t.Logf("the secondary's QEMU ended at its launcher's limit of %d MiB without a kill; its log ends:\n%s", s.cgroup.Limit>>20, tail(qlog))
+	default:
+		t.Fatalf("the secondary's QEMU exited below its launcher's limit (%d MiB of %d; %d kills, %v); its log:\n%s", peak>>20, s.cgroup.Limit>>20, kills, err, qlog)
 	}
-	t.Logf("the kernel killed the secondary's QEMU at its launcher's limit of %d MiB (most held: %s)", s.cgroup.Limit>>20, peakOf(s.cgroup))
 	c.waitState(p, failover.Alone, time.Minute)
-	cl.next("the primary serves alone after its secondary was killed", time.Minute)
+	cl.next("the primary serves alone after its secondary ended", time.Minute)
 }
+
+// thrashing says whether the cgroup is at its limit, its anonymous memory filling all but
+// thrashMargin of it, and its processes wait for pages read back from files over ten seconds, as a
+// process does that the kernel keeps alive by taking its code away.
+func thrashing(t testing.TB, cg *virtlauncher.MemoryCgroup) bool {
+	before, err := cg.Stat()
+	if err != nil {
+		t.Logf("the launcher's memory: %v", err)
+		return false
+	}
+	time.Sleep(10 * time.Second)
+	after, err := cg.Stat()
+	if err != nil {
+		t.Logf("the launcher's memory: %v", err)
+		return false
+	}
+	faults := after.MajorFaults - before.MajorFaults
+	t.Logf("the launcher holds %d MiB anonymous and %d MiB page cache of its %d MiB limit; %d major faults in 10 s",
+		after.Anonymous>>20, after.PageCache>>20, cg.Limit>>20, faults)
+	if after.Anonymous < cg.Limit-thrashMargin || faults < thrashFaults {
+		return false
+	}
+	t.Logf("the kernel did not kill the secondary's QEMU at its launcher's limit: it thrashes there, as the kernel leaves a process whose code it can still evict (most held: %s)", peakOf(cg))
+	return true
+}
+
+// thrashMargin is how much of a thrashing launcher's limit may be other than anonymous memory
+// (the page cache its programs' code runs from); thrashFaults how many major faults in ten
+// seconds mean the code is read back again and again.
+const (
+	thrashMargin = 96 << 20
+	thrashFaults = 1000
+)
 
 // peakOf is the most the cgroup held, for messages.
 func peakOf(cg *virtlauncher.MemoryCgroup) string {
