@@ -20,6 +20,8 @@ PROTOC_GEN_GO_GRPC := $(BIN)/protoc-gen-go-grpc
 KUSTOMIZE := $(BIN)/kustomize
 HELM := $(BIN)/helm
 PROMTOOL := $(BIN)/promtool
+WORKLOADS_OUT ?= $(CURDIR)/bin/bench/workloads.json
+WORKLOADS_PNG ?= $(CURDIR)/bin/bench/workloads.png
 IMG ?= ghcr.io/lockstep-dev/lockstep-operator:dev
 # VERSION is stamped into the binaries (internal/version) and the images' labels: the release tag
 # at a tag, else the commit (docs/versioning.md).
@@ -95,7 +97,7 @@ test: verify lint test-unit test-rules test-images test-envtest test-install tes
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
-	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/... ./test/imagevolume/...
+	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./hack/benchreport/... ./test/workloads/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/... ./test/imagevolume/...
 
 .PHONY: test-envtest
 test-envtest: envtest-assets test-crds installer ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd.
@@ -135,7 +137,7 @@ libvirt-assets: ## Debian 12's libvirt daemon, pinned (hack/libvirt.sh; the pack
 	hack/qemu-image.sh >/dev/null
 
 .PHONY: test-libvirt
-test-libvirt: vm-assets libvirt-assets debian-guest-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member.
+test-libvirt: vm-assets libvirt-assets debian-guest-assets ## The libvirt tier: the VM tier's scenarios with each member launched as KubeVirt's virt-launcher would, through the KubeVirt hook and a libvirt daemon of its own, and what libvirt does to a COLO member; each of make bench-workloads' drivers once, briefly, on the Debian guest unprotected.
 	hack/gotest.sh libvirt -tags vmtier -count=1 -timeout 30m -run TestLibvirt -v ./test/vmtier/...
 
 .PHONY: test-e2e
@@ -174,6 +176,11 @@ bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmark
 	  go test -run '^$$' -bench Failover -benchtime $${KILLS:-50}x -timeout 30m ./test/dataplane/ && \
 	  go test -tags vmtier -run '^$$' -bench 'ColoCost|ColoFailover|ColoResync' -benchtime 1x -timeout 90m -v ./test/vmtier/ && \
 	  go test -tags fullstack -run '^$$' -bench FullStackFailover -benchtime 1x -timeout 60m -v ./test/fullstack/; } | go run ./hack/benchreport
+
+.PHONY: bench-workloads
+bench-workloads: vm-assets libvirt-assets debian-guest-assets ## What protection costs real workloads, the white paper's table (docs/performance.md): a C build, iperf3 both ways, sockperf ping-pong, fio random reads and writes at 2 and 64 KiB, pgbench on PostgreSQL, Send Mail under smtp-source on Postfix, in the Debian guest through the libvirt stack, unprotected then protected in one run; WORKLOADS_SPAN (20s) a row, WORKLOADS_VCPUS (1), WORKLOADS_ONLY (names); the report in WORKLOADS_OUT, its table printed and its chart in WORKLOADS_PNG.
+	WORKLOADS_OUT=$(WORKLOADS_OUT) go test -tags vmtier -run '^$$' -bench Workloads -benchtime 1x -timeout 60m -v ./test/vmtier/ && \
+	  go run ./hack/benchreport -workloads $(WORKLOADS_OUT) -png $(WORKLOADS_PNG)
 
 .PHONY: demo
 demo: ## Start a 6-node local cluster, protect the samples, kill a node, show the failover; KEEP=1 leaves it up.

@@ -20,6 +20,7 @@ require (
 	github.com/rs/zerolog v1.35.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/crypto v0.54.0
+	golang.org/x/image v0.44.0
 	golang.org/x/sys v0.47.0
 	google.golang.org/grpc v1.82.1
 	google.golang.org/protobuf v1.36.12

@@ -2,7 +2,8 @@
 # Builds lockstep's Debian test guest: a Debian 12 disk image that boots by itself under SeaBIOS
 # and OVMF, as a VM's disk.img on a claim does. debootstrap's minbase and the packages pinned in
 # hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd,
-# PostgreSQL 15, Postfix); cloud-init reads only the NoCloud ISO; the counter
+# PostgreSQL 15, Postfix, and the workloads' programs: fio, iperf3, sockperf, gcc and make, with
+# the source in hack/debian-guest/sources); cloud-init reads only the NoCloud ISO; the counter
 # (hack/debian-guest/lockstep-counter) is a systemd service that keeps its count on the partition
 # labelled counter. Where the VM has a disk with serial "data", PostgreSQL and Postfix keep their
 # state on it (hack/debian-guest/lockstep-data, made ext4 at its first boot) and run; elsewhere
@@ -19,7 +20,8 @@
 # Cached under ~/.cache/lockstep/debian-guest/<hash of this script and hack/debian-guest>/ and
 # linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
 # pinned and installed here (genisoimage writes the NoCloud ISO, as KubeVirt's launcher does;
-# ssh is the tests' client of the guest's sshd).
+# ssh is the tests' client of the guest's sshd; pgbench, iperf3 and sockperf the workloads'
+# clients, test/workloads).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +32,8 @@ SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security
 HOST_TOOLS=(debootstrap=1.0.128+nmu2+deb12u2 fdisk=2.38.1-5+deb12u3 dosfstools=4.2-1
   mtools=4.0.33-1+really4.0.32-1 syslinux=3:6.04~git20190206.bf6db5b4+dfsg1-3+b1
   syslinux-common=3:6.04~git20190206.bf6db5b4+dfsg1-3 syslinux-efi=3:6.04~git20190206.bf6db5b4+dfsg1-3
-  genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6 postgresql-client-15=15.18-0+deb12u1)
+  genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6 postgresql-client-15=15.18-0+deb12u1
+  iperf3=3.12-1+deb12u2 sockperf=3.7-1)
 DISK_MIB=2048
 ESP_MIB=64
 COUNTER_MIB=8
@@ -119,6 +122,12 @@ EOF
   in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
   rm -f "$tree/usr/sbin/policy-rc.d"
   in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
+  mkdir -p "$tree/usr/local/src"
+  grep -v '^#' "$CONF/sources" | grep . | while read -r file path sum; do
+    echo ">> fetching $MIRROR/$path" >&2
+    curl -fsSL --retry 3 -o "$tree/usr/local/src/$file" "$MIRROR/$path"
+    echo "$sum  $tree/usr/local/src/$file" | sha256sum -c --quiet >&2
+  done
 
   echo ">> configuring the guest" >&2
   install -m 0644 "$CONF/fstab" "$tree/etc/fstab"

@@ -37,6 +37,7 @@ mkdir -p "$ROOT/bin"
 for tool in "$@"; do
   pkg="$(pkg_of "$tool")"
   dir="$CACHE/$tool@${pkg##*@}"
+  [ "$tool" = promtool ] && dir="$dir-nosd" # built without its service discovery (below)
   if [ ! -x "$dir/$tool" ]; then
     echo ">> installing $pkg into $dir" >&2
     mkdir -p "$dir"
@@ -45,11 +46,20 @@ for tool in "$@"; do
         # Prometheus's go.mod has exclude directives, which `go install pkg@version` refuses: build
         # it from a throwaway module that requires it (its own go.mod is copied, so that the
         # versions are the ones Prometheus pins).
+        # Its service discovery plugins (AWS, Azure, GCE, OpenStack and a dozen more: most of
+        # its build) are left out: the module is built from a copy whose plugins/plugins.go
+        # imports none. `promtool check rules` and `promtool test rules`, all that lockstep runs,
+        # use none (the directory says so: promtool@VERSION-nosd).
         mod="$dir/src"
-        mkdir -p "$mod"
-        gomod="$(go mod download -json "${pkg%%/cmd/*}@${pkg##*@}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+        rm -rf "$mod" && mkdir -p "$mod"
+        download="$(go mod download -json "${pkg%%/cmd/*}@${pkg##*@}")"
+        gomod="$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' <<<"$download")"
+        src="$(sed -n 's/.*"Dir": "\(.*\)".*/\1/p' <<<"$download")"
+        [ -f "$src/plugins/plugins.go" ] || { echo "promtool: no plugins/plugins.go in $src" >&2; exit 1; }
+        cp -r "$src" "$mod/prometheus" && chmod -R u+w "$mod/prometheus"
+        printf '// Package plugins: no service discovery plugins (hack/tools.sh).\npackage plugins\n' >"$mod/prometheus/plugins/plugins.go"
         sed "s#^module .*#module lockstep.local/promtool#" "$gomod" >"$mod/go.mod"
-        printf 'require %s %s\n' "${pkg%%/cmd/*}" "${pkg##*@}" >>"$mod/go.mod"
+        printf 'require %s %s\nreplace %s => ./prometheus\n' "${pkg%%/cmd/*}" "${pkg##*@}" "${pkg%%/cmd/*}" >>"$mod/go.mod"
         (cd "$mod" && GOFLAGS=-mod=mod go build -trimpath -o "$dir/$tool" "${pkg%@*}") ;;
       golangci-kal)
         # What `golangci-lint custom` makes, without the git clone it needs: golangci-lint's

@@ -111,6 +111,7 @@ type window struct {
 	bytesPerSec           float64
 	requests              int
 	checkpointsPerSecond  float64
+	elapsed               time.Duration
 }
 
 func (w window) String() string {
@@ -131,8 +132,8 @@ func (w window) pauses() string {
 	return fmt.Sprintf("pause p50 %s p90 %s (then the secondary's load, the primary running: p50 %s p90 %s)", r(w.pauseP50), r(w.pauseP90), r(w.loadP50), r(w.loadP90))
 }
 
-// measure runs work (if any) over and over for d and reads the primary's checkpoints and
-// stream bytes in that time.
+// measure runs work (if any) over and over for d (work at least once) and reads the primary's
+// checkpoints and stream bytes in that time.
 func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	c.mu.Lock()
 	from := len(c.checkpoints)
@@ -140,7 +141,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	before := p.engine.Streams()
 	start := time.Now()
 	var w window
-	for time.Since(start) < d {
+	for first := true; first || time.Since(start) < d; first = false {
 		if work != nil {
 			work()
 			w.requests++
@@ -149,6 +150,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 		}
 	}
 	elapsed := time.Since(start)
+	w.elapsed = elapsed
 	after := p.engine.Streams()
 	w.bytesPerSec = float64(after.Bytes-before.Bytes) / elapsed.Seconds()
 	if !after.CausesKnown {

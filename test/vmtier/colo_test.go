@@ -57,6 +57,26 @@ var (
 
 // protectedPairOf is protectedPair with the guest g, and the cluster set up by setup.
 func protectedPairOf(t *testing.T, nodes int, on stack, g guest, setup ...func(*cluster)) (*cluster, *client, *member, *member) {
+	// The guest boots unprotected, then the pair enters COLO, as a running VM is protected.
+	// (Entering COLO during the guest's early boot let the secondary's copy crash between
+	// checkpoints in 3 of 17 runs of an earlier version of this test.)
+	c, cl, p := bootOf(t, nodes, on, g, setup...)
+	start := time.Now()
+	s := c.protect(p, c.nodes[1])
+	t.Logf("protected %s after the secondary started (disk resync, migration into COLO)", time.Since(start).Round(time.Millisecond))
+	for range 5 {
+		cl.next("the primary serves under COLO", time.Minute)
+	}
+	if !on { // a QEMU that libvirt launched logs elsewhere
+		c.sentRAMAhead(p)
+	}
+	c.comparedReplies(p, cl)
+	return c, cl, p, s
+}
+
+// bootOf makes a cluster of nodes for the guest g on the stack, set up by setup, boots the
+// guest on a primary on node a, unprotected, and waits for its first reply.
+func bootOf(t testing.TB, nodes int, on stack, g guest, setup ...func(*cluster)) (*cluster, *client, *member) {
 	c := newCluster(t, nodes)
 	c.viaLibvirt, c.vcpus, c.efi, c.dataDisk = bool(on), g.vcpus, g.efi, g.dataDisk
 	for _, f := range setup {
@@ -70,22 +90,9 @@ func protectedPairOf(t *testing.T, nodes int, on stack, g guest, setup ...func(*
 	c.attach(c.nodes[0])
 	cl := &client{c: c}
 	booted := time.Now()
-	// The guest boots unprotected, then the pair enters COLO, as a running VM is protected.
-	// (Entering COLO during the guest's early boot let the secondary's copy crash between
-	// checkpoints in 3 of 17 runs of an earlier version of this test.)
 	cl.next("the guest boots on the primary", 3*time.Minute)
 	t.Logf("the guest answered %s after its QEMU started", time.Since(booted).Round(time.Millisecond))
-	start := time.Now()
-	s := c.protect(p, c.nodes[1])
-	t.Logf("protected %s after the secondary started (disk resync, migration into COLO)", time.Since(start).Round(time.Millisecond))
-	for range 5 {
-		cl.next("the primary serves under COLO", time.Minute)
-	}
-	if !on { // a QEMU that libvirt launched logs elsewhere
-		c.sentRAMAhead(p)
-	}
-	c.comparedReplies(p, cl)
-	return c, cl, p, s
+	return c, cl, p
 }
 
 // comparedReplies checks that colo-compare on the primary p parsed the guest's virtio packets and

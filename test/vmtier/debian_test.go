@@ -35,6 +35,9 @@ const (
 	debianUser     = "lockstep"
 	debianHostname = "counter-1"
 	debianMemoryMB = 512
+	// debianDataDiskSize is the Debian guest's data disk, where the VM has one: PostgreSQL's and
+	// Postfix's state, and the disk workloads' file (test/workloads).
+	debianDataDiskSize = 1 << 30
 	// debianCounterOffset is where the counter's partition starts on the disk: after the first
 	// MiB and the 64 MiB EFI system partition (hack/debian-guest.sh's layout).
 	debianCounterOffset = 65 << 20
@@ -92,6 +95,7 @@ func (g *debianGuest) cloudInit(t testing.TB, addr string) virtv1.Volume {
 func (g *debianGuest) ssh(ns, addr, command string) *exec.Cmd {
 	return exec.Command("ip", "netns", "exec", ns, "ssh", "-i", g.key, "-o", "StrictHostKeyChecking=no",
 		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+		"-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=6", // a guest silent for 30 s is gone
 		debianUser+"@"+addr, command)
 }
 

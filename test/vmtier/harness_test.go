@@ -393,13 +393,15 @@ func (c *cluster) launch(m *member) {
 // memberDisk is one of a member's disks: the image of its claim (on a primary; a secondary's copy
 // is Parent, with its overlays).
 type memberDisk struct {
-	name  string // the VMI's disk
-	image string
+	name   string // the VMI's disk
+	serial string // the VMI disk's serial, which the guest sees ("": none)
+	image  string
 	colo.SecondaryDisk
 }
 
 // disks are the member's disks, in the VMI's order: the root disk (the guest's counter), and with
-// dataDisk a second claim, which the guest writes each count to as well.
+// dataDisk a second claim, which the busybox guest writes each count to as well, and the Debian
+// guest's applications keep their state on.
 func (m *member) disks(c *cluster) []memberDisk {
 	file := func(f string) string { return filepath.Join(m.dir, f) }
 	root := int64(diskSize)
@@ -409,8 +411,12 @@ func (m *member) disks(c *cluster) []memberDisk {
 	disks := []memberDisk{{name: "rootdisk", image: file("disk.img"),
 		SecondaryDisk: colo.SecondaryDisk{Parent: file("parent.img"), Active: file("active.qcow2"), Hidden: file("hidden.qcow2"), Bytes: root}}}
 	if c.dataDisk {
-		disks = append(disks, memberDisk{name: "datadisk", image: file("data.img"),
-			SecondaryDisk: colo.SecondaryDisk{Parent: file("data-parent.img"), Active: file("active-1.qcow2"), Hidden: file("hidden-1.qcow2"), Bytes: diskSize}})
+		data := memberDisk{name: "datadisk", image: file("data.img"),
+			SecondaryDisk: colo.SecondaryDisk{Parent: file("data-parent.img"), Active: file("active-1.qcow2"), Hidden: file("hidden-1.qcow2"), Bytes: diskSize}}
+		if c.debian != nil { // the applications' disk (hack/debian-guest/lockstep-data)
+			data.Bytes, data.serial = debianDataDiskSize, "data"
+		}
+		disks = append(disks, data)
 	}
 	return disks
 }

@@ -64,7 +64,7 @@ func (c *cluster) launchLibvirt(m *member) {
 			image = d.Parent
 		}
 		active, hidden := ftmember.Overlays(i)
-		disks = append(disks, virtlauncher.Disk{Name: d.name, Kind: virtlauncher.Claim, File: image})
+		disks = append(disks, virtlauncher.Disk{Name: d.name, Kind: virtlauncher.Claim, File: image, Serial: d.serial})
 		overlays = append(overlays, virtlauncher.Disk{Name: active, Kind: virtlauncher.EmptyDisk, File: d.Active}, virtlauncher.Disk{Name: hidden, Kind: virtlauncher.EmptyDisk, File: d.Hidden})
 	}
 	if c.debian != nil { // its NoCloud ISO, as the launcher writes it from the VMI
@@ -151,7 +151,7 @@ func (c *cluster) launcherVMI(m *member) *virtv1.VirtualMachineInstance {
 	sizes, bytes := map[string]resource.Quantity{}, ftmember.DiskBytes{}
 	for _, d := range m.disks(c) {
 		bytes[d.name] = d.Bytes
-		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: d.name})
+		tmpl.Spec.Domain.Devices.Disks = append(tmpl.Spec.Domain.Devices.Disks, virtv1.Disk{Name: d.name, Serial: d.serial})
 		tmpl.Spec.Volumes = append(tmpl.Spec.Volumes, virtv1.Volume{Name: d.name, VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
 			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-" + d.name}}}})
 		sizes[d.name] = resource.MustParse("1Gi")

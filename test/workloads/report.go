@@ -1,0 +1,92 @@
+package workloads
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// Report is one run of the benchmark: every row, unprotected and protected on the same VM and
+// machine, side by side. hack/benchreport turns it into docs/performance.md's table and chart.
+type Report struct {
+	Date    string `json:"date"`
+	Commit  string `json:"commit"`
+	Machine string `json:"machine"`
+	// Guest is the VM every row ran in (vCPUs, memory, disks).
+	Guest string `json:"guest"`
+	// Span is how long each timed row ran, each way.
+	Span string `json:"span"`
+	Rows []Row  `json:"rows"`
+}
+
+// Row is one measure of one workload, both ways, with what protection did meanwhile.
+type Row struct {
+	Workload    string  `json:"workload"`
+	Title       string  `json:"title"`
+	Paper       string  `json:"paper"`
+	Measure     Measure `json:"measure"`
+	Unprotected float64 `json:"unprotected"`
+	Protected   float64 `json:"protected"`
+	Protection  Window  `json:"protection"`
+}
+
+// Window is what the protection did while the workload ran protected: its checkpoints and why
+// they came, what it sent to the secondary, and how long the VM stood still for each.
+type Window struct {
+	Seconds              float64 `json:"seconds"`
+	Checkpoints          int     `json:"checkpoints"`
+	CheckpointsPerSecond float64 `json:"checkpointsPerSecond"`
+	// OnMismatch and OnTimeout are the checkpoints colo-compare forced; the rest came with the
+	// period (or dirty RAM ahead of it).
+	OnMismatch uint64  `json:"onMismatch"`
+	OnTimeout  uint64  `json:"onTimeout"`
+	LogMBps    float64 `json:"logMBps"`
+	PauseP50Ms float64 `json:"pauseP50Ms"`
+	PauseP90Ms float64 `json:"pauseP90Ms"`
+}
+
+// Ratio is protected/unprotected.
+func (r Row) Ratio() float64 {
+	if r.Unprotected == 0 {
+		return 0
+	}
+	return r.Protected / r.Unprotected
+}
+
+// Kept is the share of the unprotected figure that protection keeps: the ratio where higher is
+// better, its inverse where lower is (1: no cost).
+func (r Row) Kept() float64 {
+	if r.Measure.HigherIsBetter || r.Protected == 0 {
+		return r.Ratio()
+	}
+	return r.Unprotected / r.Protected
+}
+
+// GoalMet says whether the row meets its goal (true where it has none).
+func (r Row) GoalMet() bool {
+	g := r.Measure
+	ok := g.Goal == 0 || (g.HigherIsBetter && r.Ratio() >= g.Goal) || (!g.HigherIsBetter && r.Ratio() <= g.Goal)
+	return ok && (g.Limit == 0 || r.Protected <= g.Limit)
+}
+
+// Write writes the report to file, as JSON.
+func (r Report) Write(file string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, append(b, '\n'), 0o644)
+}
+
+// ReadReport reads a report Write wrote.
+func ReadReport(file string) (Report, error) {
+	var r Report
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("%s: %w", file, err)
+	}
+	return r, nil
+}
