@@ -124,8 +124,9 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 	hack/guest.sh >/dev/null
 
 .PHONY: debian-guest-assets
-debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by debootstrap on a disk that boots by itself; about a minute cold) and the host tools its tiers use, cached under ~/.cache/lockstep.
+debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by debootstrap on a disk that boots by itself; about a minute and a half cold), and its variant with make bench-workloads' programs and the host tools its tiers use, cached under ~/.cache/lockstep.
 	hack/debian-guest.sh >/dev/null
+	DEBIAN_GUEST_VARIANT=workloads hack/debian-guest.sh >/dev/null
 
 .PHONY: test-vm
 test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover while a checkpoint's RAM goes ahead, a secondary catching up from an earlier secondary's copies, what colo-compare holds, lockstepd restarts and finding its members (the plain failovers run in test-libvirt).

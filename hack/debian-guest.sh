@@ -2,8 +2,7 @@
 # Builds lockstep's Debian test guest: a Debian 12 disk image that boots by itself under SeaBIOS
 # and OVMF, as a VM's disk.img on a claim does. debootstrap's minbase and the packages pinned in
 # hack/debian-guest/packages (the Debian kernel, systemd, cloud-init, qemu-guest-agent, sshd,
-# PostgreSQL 15, Postfix, and the workloads' programs: fio, iperf3, sockperf, gcc and make, with
-# the source in hack/debian-guest/sources); cloud-init reads only the NoCloud ISO; the counter
+# PostgreSQL 15, Postfix); cloud-init reads only the NoCloud ISO; the counter
 # (hack/debian-guest/lockstep-counter) is a systemd service that keeps its count on the partition
 # labelled counter. Where the VM has a disk with serial "data", PostgreSQL and Postfix keep their
 # state on it (hack/debian-guest/lockstep-data, made ext4 at its first boot) and run; elsewhere
@@ -17,8 +16,13 @@
 #
 #   hack/debian-guest.sh   -> prints the directory holding disk.img and packages.lock
 #
-# Cached under ~/.cache/lockstep/debian-guest/<hash of this script and hack/debian-guest>/ and
-# linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
+# DEBIAN_GUEST_VARIANT=workloads builds the variant that make bench-workloads runs (and the libvirt
+# tier's check of its drivers): the same guest with the programs of hack/debian-guest/workloads
+# (fio, iperf3, sockperf, gcc and make) and the source it builds, linked at
+# bin/debian-guest-workloads. The other tiers run the plain guest, which stays as small as it was.
+#
+# Cached under ~/.cache/lockstep/debian-guest/<hash of this script, hack/debian-guest and the
+# variant>/ and linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
 # pinned and installed here (genisoimage writes the NoCloud ISO, as KubeVirt's launcher does;
 # ssh is the tests' client of the guest's sshd; pgbench, iperf3 and sockperf the workloads'
 # clients, test/workloads).
@@ -38,7 +42,14 @@ DISK_MIB=2048
 ESP_MIB=64
 COUNTER_MIB=8
 
-hash="$( (cat "${BASH_SOURCE[0]}"; cd "$CONF" && find . -type f ! -name '*_test.go' | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done) |
+VARIANT="${DEBIAN_GUEST_VARIANT:-}"
+LINK="$ROOT/bin/debian-guest"
+case "$VARIANT" in
+  "") skip=./workloads ;;
+  workloads) skip=./none LINK="$ROOT/bin/debian-guest-workloads" ;;
+  *) echo "debian-guest: unknown DEBIAN_GUEST_VARIANT $VARIANT (none or workloads)" >&2; exit 2 ;;
+esac
+hash="$( (cat "${BASH_SOURCE[0]}"; echo "$VARIANT"; cd "$CONF" && find . -path "$skip" -prune -o -type f ! -name '*_test.go' -print | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done) |
   sha256sum | cut -c1-12)"
 OUT="$CACHE/$hash"
 
@@ -111,7 +122,7 @@ EOF
   mkdir -p "$tree/etc/initramfs-tools/conf.d"
   echo MODULES=list >"$tree/etc/initramfs-tools/conf.d/lockstep"
   grep -v '^#' "$CONF/initramfs-modules" >>"$tree/etc/initramfs-tools/modules"
-  mapfile -t pins < <(grep -v '^#' "$CONF/packages" | grep .)
+  mapfile -t pins < <(grep -hv '^#' "$CONF/packages" ${VARIANT:+"$CONF/$VARIANT/packages"} | grep .)
   echo ">> installing ${pins[*]}" >&2
   # Nothing the packages install starts in the tree; Postfix delivers locally.
   printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
@@ -122,8 +133,8 @@ EOF
   in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
   rm -f "$tree/usr/sbin/policy-rc.d"
   in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
-  mkdir -p "$tree/usr/local/src"
-  grep -v '^#' "$CONF/sources" | grep . | while read -r file path sum; do
+  [ -z "$VARIANT" ] || mkdir -p "$tree/usr/local/src"
+  [ -z "$VARIANT" ] || grep -v '^#' "$CONF/$VARIANT/sources" | grep . | while read -r file path sum; do
     echo ">> fetching $MIRROR/$path" >&2
     curl -fsSL --retry 3 -o "$tree/usr/local/src/$file" "$MIRROR/$path"
     echo "$sum  $tree/usr/local/src/$file" | sha256sum -c --quiet >&2
@@ -184,5 +195,5 @@ host_tools
 # Everything the build prints goes to stderr: stdout is the directory alone.
 [ -f "$OUT/disk.img" ] || build >&2
 mkdir -p "$ROOT/bin"
-ln -sfn "$OUT" "$ROOT/bin/debian-guest"
+ln -sfn "$OUT" "$LINK"
 echo "$OUT"

@@ -56,8 +56,33 @@ func table(w io.Writer, r workloads.Report) error {
 			title, row.Measure.Name, num(row.Unprotected), row.Measure.Unit, num(row.Protected), row.Measure.Unit,
 			row.Kept(), goal(row), p.CheckpointsPerSecond, p.OnMismatch, p.OnTimeout, p.LogMBps, p.PauseP50Ms, p.PauseP90Ms, paper)
 	}
+	streams(&b, r)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// streams writes, for each workload, what each of COLO's streams carried over the logging link
+// while it ran protected (the log bandwidth, by what it is made of).
+func streams(b *strings.Builder, r workloads.Report) {
+	names := []string{"migration", "nbd", "mirror", "compare"}
+	b.WriteString("\nThe logging link during each protected run, by stream, both ways (MB/s): migration carries the checkpoints " +
+		"(the RAM the guest dirtied, device state), nbd the disk writes, mirror the packets the VM receives, compare the secondary's " +
+		"outgoing packets.\n\n| workload | migration | nbd | mirror | compare | all |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	seen := map[string]bool{}
+	for _, row := range r.Rows {
+		if seen[row.Workload] || row.Protection.StreamMBps == nil {
+			continue
+		}
+		seen[row.Workload] = true
+		fmt.Fprintf(b, "| %s |", row.Workload)
+		all := 0.0
+		for _, n := range names {
+			v := row.Protection.StreamMBps[n]
+			all += v
+			fmt.Fprintf(b, " %.2f |", v)
+		}
+		fmt.Fprintf(b, " %.2f |\n", all)
+	}
 }
 
 // goal says the row's goal, on the scale of the kept column (a time's goal of at most 1.5x

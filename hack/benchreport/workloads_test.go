@@ -11,7 +11,8 @@ import (
 
 var report = workloads.Report{Date: "2026-11-27", Commit: "abc1234", Machine: "2 cores", Guest: "Debian 12", Span: "20s", Rows: []workloads.Row{
 	{Workload: "oltp", Title: "OLTP", Paper: "negligible", Measure: workloads.Measure{Name: "transactions", Unit: "tx/s", HigherIsBetter: true, Goal: 0.8}, Unprotected: 200, Protected: 120,
-		Protection: workloads.Window{CheckpointsPerSecond: 3.5, OnMismatch: 40, OnTimeout: 2, LogMBps: 12.5, PauseP50Ms: 30, PauseP90Ms: 80}},
+		Protection: workloads.Window{CheckpointsPerSecond: 3.5, OnMismatch: 40, OnTimeout: 2, LogMBps: 12.5, PauseP50Ms: 30, PauseP90Ms: 80,
+			StreamMBps: map[string]float64{"migration": 10, "nbd": 2, "mirror": 0.25, "compare": 0.5}}},
 	{Workload: "oltp", Title: "OLTP", Paper: "negligible", Measure: workloads.Measure{Name: "latency p95", Unit: "ms", Goal: 1.5}, Unprotected: 40, Protected: 50},
 	{Workload: "oltp", Title: "OLTP", Paper: "negligible", Measure: workloads.Measure{Name: "latency p50", Unit: "ms"}, Unprotected: 20, Protected: 25},
 }}
@@ -25,6 +26,7 @@ func TestTableSaysEachRowAndItsGoal(t *testing.T) {
 	for _, want := range []string{
 		"commit abc1234", "| OLTP | transactions | 200 tx/s | 120 tx/s | 0.60 | ≥ 0.80: **missed** | 3.50 (40, 2) | 12.5 MB/s | 30 / 80 ms | negligible |",
 		"|  | latency p95 | 40.0 ms | 50.0 ms | 0.80 | ≥ 0.67: met |",
+		"| oltp | 10.00 | 2.00 | 0.25 | 0.50 | 12.75 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)

@@ -112,6 +112,9 @@ type window struct {
 	requests              int
 	checkpointsPerSecond  float64
 	elapsed               time.Duration
+	// streamMBps is what each COLO stream carried over the logging link, both ways, in MB/s
+	// (colo.StreamMigration, StreamNBD, StreamMirror, StreamCompare).
+	streamMBps map[string]float64
 }
 
 func (w window) String() string {
@@ -138,7 +141,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	c.mu.Lock()
 	from := len(c.checkpoints)
 	c.mu.Unlock()
-	before := p.engine.Streams()
+	before, streamsBefore := p.engine.Streams(), p.engine.StreamBytes()
 	start := time.Now()
 	var w window
 	for first := true; first || time.Since(start) < d; first = false {
@@ -152,6 +155,11 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	elapsed := time.Since(start)
 	w.elapsed = elapsed
 	after := p.engine.Streams()
+	w.streamMBps = map[string]float64{}
+	for s, b := range p.engine.StreamBytes() {
+		was := streamsBefore[s] // zero where the stream began within the window
+		w.streamMBps[s] = float64(b[0]+b[1]-was[0]-was[1]) / 1e6 / elapsed.Seconds()
+	}
 	w.bytesPerSec = float64(after.Bytes-before.Bytes) / elapsed.Seconds()
 	if !after.CausesKnown {
 		c.t.Fatalf("the engine does not tell the checkpoints' causes apart: is the QEMU lockstep's?")

@@ -42,6 +42,8 @@ type guest struct {
 	// dataDisk: a second claim, which the busybox guest writes each count to as well: COLO must
 	// replicate both disks, and after a failover each holds the last acknowledged count.
 	dataDisk bool
+	// workloads: the Debian guest's variant with test/workloads' programs.
+	workloads bool
 }
 
 var (
@@ -83,7 +85,7 @@ func bootOf(t testing.TB, nodes int, on stack, g guest, setup ...func(*cluster))
 		f(c)
 	}
 	if g.debian {
-		c.debian = newDebianGuest(t)
+		c.debian = newDebianGuest(t, g.workloads)
 	}
 	c.trace = append(c.trace, "colo_compare_tcp_info")
 	p := c.start(c.nodes[0], true, nil)

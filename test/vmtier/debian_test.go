@@ -43,9 +43,15 @@ const (
 	debianCounterOffset = 65 << 20
 )
 
-func newDebianGuest(t testing.TB) *debianGuest {
+// newDebianGuest is the Debian guest; with workloads, its variant that holds the programs of
+// test/workloads (DEBIAN_GUEST_VARIANT=workloads).
+func newDebianGuest(t testing.TB, workloads bool) *debianGuest {
 	t.Helper()
-	dir := build(t, "debian-guest.sh")
+	var variant []string
+	if workloads {
+		variant = []string{"DEBIAN_GUEST_VARIANT=workloads"}
+	}
+	dir := build(t, "debian-guest.sh", variant...)
 	g := &debianGuest{disk: filepath.Join(dir, "disk.img"), key: filepath.Join(t.TempDir(), "key")}
 	st, err := os.Stat(g.disk)
 	if err != nil {

@@ -28,10 +28,13 @@ import (
 
 var root = filepath.Join("..", "..")
 
-// build runs a hack script and returns the directory it printed.
-func build(t testing.TB, script string) string {
+// build runs a hack script, with env added to the test's environment, and returns the directory
+// it printed.
+func build(t testing.TB, script string, env ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(root, "hack", script)).Output()
+	cmd := exec.Command(filepath.Join(root, "hack", script))
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
 		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {

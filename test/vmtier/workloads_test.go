@@ -19,8 +19,9 @@ import (
 	"github.com/lockstep-dev/lockstep/test/workloads"
 )
 
-// debianWithApps is the real guest with its data disk, where PostgreSQL and Postfix run.
-var debianWithApps = guest{debian: true, vcpus: 2, dataDisk: true}
+// debianWithApps is the real guest's workloads variant with its data disk, where PostgreSQL and
+// Postfix run.
+var debianWithApps = guest{debian: true, vcpus: 2, dataDisk: true, workloads: true}
 
 // workloadEnv is where test/workloads' drivers run against the cluster's VM: the guest over ssh,
 // the clients in the client's namespace.
@@ -178,7 +179,7 @@ func BenchmarkWorkloads(b *testing.B) {
 		for i, m := range alone[w.Name] {
 			row := workloads.Row{Workload: w.Name, Title: w.Title, Paper: w.Paper, Measure: m, Unprotected: m.Value, Protected: ft[w.Name][i].Value,
 				Protection: workloads.Window{Seconds: win.elapsed.Seconds(), Checkpoints: win.checkpoints, CheckpointsPerSecond: win.checkpointsPerSecond,
-					OnMismatch: win.onMismatch, OnTimeout: win.onTimeout, LogMBps: win.bytesPerSec / 1e6,
+					OnMismatch: win.onMismatch, OnTimeout: win.onTimeout, LogMBps: win.bytesPerSec / 1e6, StreamMBps: win.streamMBps,
 					PauseP50Ms: ms(win.pauseP50), PauseP90Ms: ms(win.pauseP90)}}
 			row.Measure.Value = 0 // the row has both
 			report.Rows = append(report.Rows, row)

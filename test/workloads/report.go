@@ -41,8 +41,13 @@ type Window struct {
 	OnMismatch uint64  `json:"onMismatch"`
 	OnTimeout  uint64  `json:"onTimeout"`
 	LogMBps    float64 `json:"logMBps"`
-	PauseP50Ms float64 `json:"pauseP50Ms"`
-	PauseP90Ms float64 `json:"pauseP90Ms"`
+	// StreamMBps is what each of COLO's streams carried over the logging link, both ways:
+	// "migration" (the checkpoints: dirtied RAM and device state), "nbd" (the primary's disk
+	// writes), "mirror" (the packets the VM receives, copied to the secondary) and "compare"
+	// (the secondary's outgoing packets, back to the primary's colo-compare).
+	StreamMBps map[string]float64 `json:"streamMBps,omitempty"`
+	PauseP50Ms float64            `json:"pauseP50Ms"`
+	PauseP90Ms float64            `json:"pauseP90Ms"`
 }
 
 // Ratio is protected/unprotected.
