@@ -99,7 +99,12 @@ func (g *debianGuest) cloudInit(t testing.TB, addr string) virtv1.Volume {
 // ssh runs command in the guest as debianUser over ssh from the namespace ns, with the test's
 // key, returning the command (not started).
 func (g *debianGuest) ssh(ns, addr, command string) *exec.Cmd {
-	return exec.Command("ip", "netns", "exec", ns, "ssh", "-i", g.key, "-o", "StrictHostKeyChecking=no",
+	return g.sshContext(context.Background(), ns, addr, command)
+}
+
+// sshContext is ssh, killed when ctx ends.
+func (g *debianGuest) sshContext(ctx context.Context, ns, addr, command string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", "netns", "exec", ns, "ssh", "-i", g.key, "-o", "StrictHostKeyChecking=no",
 		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
 		"-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=6", // a guest silent for 30 s is gone
 		debianUser+"@"+addr, command)

@@ -28,8 +28,7 @@ var debianWithApps = guest{debian: true, vcpus: 2, dataDisk: true, workloads: tr
 func (c *cluster) workloadEnv(t testing.TB, span time.Duration, brief bool) workloads.Env {
 	return workloads.Env{
 		Guest: func(ctx context.Context, command string) (string, error) {
-			ssh := c.debian.ssh(c.client, c.vmAddr, command)
-			cmd := exec.CommandContext(ctx, ssh.Path, ssh.Args[1:]...)
+			cmd := c.debian.sshContext(ctx, c.client, c.vmAddr, command)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()
@@ -171,8 +170,9 @@ func BenchmarkWorkloads(b *testing.B) {
 
 	report := workloads.Report{
 		Date: time.Now().UTC().Format(time.RFC3339), Commit: commit(), Machine: machine(),
-		Guest: fmt.Sprintf("Debian 12 (hack/debian-guest.sh) in KubeVirt's domain through libvirt, %d vCPU, %d MiB, root and data disks (raw, cache=none), virtio-net; QEMU TCG", vcpus, debianMemoryMB),
-		Span:  span.String(),
+		Guest: fmt.Sprintf("Debian 12, hack/debian-guest.sh's workloads variant, in KubeVirt's domain through libvirt, %d vCPU, %d MiB, a root and a %d MiB data disk on claims (raw), virtio-net; QEMU TCG",
+			vcpus, debianMemoryMB, debianDataDiskSize>>20),
+		Span: span.String(),
 	}
 	for _, w := range run {
 		win := windows[w.Name]

@@ -117,3 +117,11 @@ func TestEveryWorkloadIsNamedOnceAndHasAGoal(t *testing.T) {
 		seen[w.Name] = true
 	}
 }
+
+func TestLastLineIsTheLastLineWithText(t *testing.T) {
+	for in, want := range map[string]string{"": "", "one": "one", "a\nb\n": "b", "a\r\nb\r\n\r\n": "b", "\n": ""} {
+		if got := lastLine(in); got != want {
+			t.Errorf("lastLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

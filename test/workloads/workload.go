@@ -16,6 +16,7 @@ import (
 	"math"
 	"net"
 	"os/exec"
+	"strings"
 	"time"
 )
 
@@ -108,14 +109,8 @@ func output(cmd *exec.Cmd) (string, error) {
 	return string(out), nil
 }
 
+// lastLine is the last line of a program's output, for an error message.
 func lastLine(s string) string {
-	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r') {
-		s = s[:len(s)-1]
-	}
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '\n' {
-			return s[i+1:]
-		}
-	}
-	return s
+	s = strings.TrimRight(s, "\r\n")
+	return s[strings.LastIndexByte(s, '\n')+1:]
 }
