@@ -52,7 +52,28 @@ func NewMemoryCgroup(name string, limit int64) (*MemoryCgroup, error) {
 		c.Remove()
 		return nil, fmt.Errorf("setting %s's memory limit: %w", name, err)
 	}
+	if err := c.noSwap(); err != nil {
+		c.Remove()
+		return nil, fmt.Errorf("keeping %s out of swap: %w", name, err)
+	}
 	return c, nil
+}
+
+// noSwap keeps the cgroup's memory out of swap, as kubelet keeps a container's when the node's
+// swap is off for pods (the default): on cgroup v1 its memory and swap together have the memory's
+// limit, on v2 its swap is none. Without it, a host with swap (zram among it) would page a
+// launcher out where a node kills it. Cgroup v1 without swap accounting has no such file, and
+// then no swap to keep out of either way.
+func (c *MemoryCgroup) noSwap() error {
+	file, value := "memory.memsw.limit_in_bytes", strconv.FormatInt(c.Limit, 10)
+	if c.v2 {
+		file, value = "memory.swap.max", "0"
+	}
+	err := os.WriteFile(filepath.Join(c.Dir, file), []byte(value), 0o644)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // Procs is the file a process writes its pid to, to enter the cgroup.

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -45,5 +47,13 @@ func TestMemoryCgroupCountsWhatItsProcessHolds(t *testing.T) {
 	}
 	if kills, err := cg.OOMKills(); err != nil || kills != 0 {
 		t.Fatalf("%d OOM kills (%v), want none", kills, err)
+	}
+	// No swap beyond the limit, as kubelet leaves a container (where the kernel counts swap).
+	file, want := "memory.memsw.limit_in_bytes", strconv.FormatInt(cg.Limit, 10)
+	if cg.v2 {
+		file, want = "memory.swap.max", "0"
+	}
+	if b, err := os.ReadFile(filepath.Join(cg.Dir, file)); err == nil && strings.TrimSpace(string(b)) != want {
+		t.Fatalf("%s is %s, want %s", file, strings.TrimSpace(string(b)), want)
 	}
 }

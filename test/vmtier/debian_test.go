@@ -225,14 +225,15 @@ func (c *cluster) checkRealGuest(p, s *member) {
 	}
 }
 
-// fillMemory has the guest hold mib MiB of its memory in data that is not zero (a file on a
-// tmpfs of its own), so that each of those pages is dirty on the primary and lands in the
-// secondary's RAM at the next checkpoint (pages of zeros would not: migration sends them as zero
-// pages, which a page that is still zero takes without being touched). It returns what the guest
-// says of its memory then.
+// fillMemory has the guest hold mib MiB of its memory in random data (a file on a tmpfs of its
+// own), so that each of those pages is dirty on the primary and lands in the secondary's RAM at
+// the next checkpoint. Not zeros: migration sends them as zero pages, which a page that is still
+// zero takes without being touched. Not a repeated text either: a host that runs KSM (KubeVirt
+// turns it on for nodes it selects) merges its few distinct pages into one copy each, in both
+// QEMUs. It returns what the guest says of its memory then.
 func (g *debianGuest) fillMemory(t testing.TB, ns, addr string, mib int) string {
 	t.Helper()
-	out, err := g.ssh(ns, addr, fmt.Sprintf("sudo mount -t tmpfs -o size=%dm fill /mnt && yes lockstep | head -c %dM >/mnt/fill && grep -E 'MemTotal|MemAvailable|Shmem:' /proc/meminfo | tr -s ' \\n' ' '",
+	out, err := g.ssh(ns, addr, fmt.Sprintf("sudo mount -t tmpfs -o size=%dm fill /mnt && head -c %dM /dev/urandom >/mnt/fill && grep -E 'MemTotal|MemAvailable|Shmem:' /proc/meminfo | tr -s ' \\n' ' '",
 		mib+8, mib)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("filling the guest's memory: %v\n%s", err, out)
