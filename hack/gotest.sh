@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# hack/gotest.sh TIER [go test args...]: go test, with its whole output kept in
+# hack/gotest.sh TIER [--ginkgo] [go test args...]: go test (with --ginkgo, the pinned Ginkgo
+# CLI's `ginkgo run`, which runs a suite's specs in parallel processes), with its whole output kept in
 # bin/test-logs/TIER.log and, when it fails, why it failed printed last: every Ginkgo [FAILED]
 # block and go test's failure lines, and the seeds the run printed. A CI log that keeps only its
 # tail then still says what failed, with what, and how to repeat it.
@@ -10,7 +11,12 @@ logs="$(cd "$(dirname "$0")/.." && pwd)/bin/test-logs"
 mkdir -p "$logs"
 log="$logs/$tier.log"
 
-go test "$@" 2>&1 | tee "$log"
+runner=(go test)
+if [ "${1:-}" = --ginkgo ]; then
+  shift
+  runner=("$(dirname "$logs")/ginkgo" run)
+fi
+"${runner[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 0 ]; then
   exit 0
