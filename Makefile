@@ -127,7 +127,7 @@ vm-assets: ## The VM tier's QEMU (Debian's source with lockstep's COLO patches; 
 	hack/guest.sh >/dev/null
 
 .PHONY: debian-guest-assets
-debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by debootstrap on a disk that boots by itself; about a minute and a half cold), and its variant with make bench-workloads' programs and the host tools its tiers use, cached under ~/.cache/lockstep.
+debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by debootstrap on a disk that boots by itself; 82 s cold), and its variant with make bench-workloads' programs, made from the plain guest's tree (32 s), and the host tools its tiers use, cached under ~/.cache/lockstep.
 	hack/debian-guest.sh >/dev/null
 	DEBIAN_GUEST_VARIANT=workloads hack/debian-guest.sh >/dev/null
 

@@ -19,7 +19,8 @@
 # DEBIAN_GUEST_VARIANT=workloads builds the variant that make bench-workloads runs (and the libvirt
 # tier's check of its drivers): the same guest with the programs of hack/debian-guest/workloads
 # (fio, iperf3, sockperf, gcc and make) and the source it builds, linked at
-# bin/debian-guest-workloads. The other tiers run the plain guest, which stays as small as it was.
+# bin/debian-guest-workloads. A variant is made from the plain guest's tree (kept as tree.tar
+# beside its disk), not from a debootstrap of its own. The other tiers run the plain guest, which stays as small as it was.
 #
 # Cached under ~/.cache/lockstep/debian-guest/<hash of this script, hack/debian-guest and the
 # variant>/ and linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
@@ -106,39 +107,36 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lockstep" ;;
   done
 }
 
-build() {
-  work="$(mktemp -d "${TMPDIR:-/tmp}/debian-guest.XXXXXX")"
-  trap 'rm -rf "$work"' EXIT
-  tree="$work/root"
+# install_pins installs the packages pinned in FILE... into the tree (nothing they install
+# starts in it), and writes what the tree then holds to packages.lock.
+install_pins() {
+  local pins
+  mapfile -t pins < <(grep -hv '^#' "$@" | grep .)
+  echo ">> installing ${pins[*]}" >&2
+  cp /etc/resolv.conf "$tree/etc/resolv.conf" 2>/dev/null || true
+  printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
+  chmod 0755 "$tree/usr/sbin/policy-rc.d"
+  in_root apt-get update -q >&2
+  in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
+  rm -f "$tree/usr/sbin/policy-rc.d" "$tree/etc/resolv.conf"
+  in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
+}
+
+# plain_tree makes the plain guest's tree: debootstrap, the pinned packages, the guest's own
+# configuration and programs.
+plain_tree() {
   echo ">> debootstrap (minbase) of bookworm from $MIRROR" >&2
   debootstrap --variant=minbase bookworm "$tree" "$MIRROR" >&2
-  cat >"$tree/etc/apt/sources.list" <<EOF
-deb $MIRROR bookworm main
-deb $MIRROR bookworm-updates main
-deb $SECURITY_MIRROR bookworm-security main
-EOF
-  cp /etc/resolv.conf "$tree/etc/resolv.conf" 2>/dev/null || true
+  printf '%s\n' "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
+    "deb $SECURITY_MIRROR bookworm-security main" >"$tree/etc/apt/sources.list"
   # Only the modules that find the root go into the initramfs: a smaller one boots faster under TCG.
   mkdir -p "$tree/etc/initramfs-tools/conf.d"
   echo MODULES=list >"$tree/etc/initramfs-tools/conf.d/lockstep"
   grep -v '^#' "$CONF/initramfs-modules" >>"$tree/etc/initramfs-tools/modules"
-  mapfile -t pins < <(grep -hv '^#' "$CONF/packages" ${VARIANT:+"$CONF/$VARIANT/packages"} | grep .)
-  echo ">> installing ${pins[*]}" >&2
-  # Nothing the packages install starts in the tree; Postfix delivers locally.
-  printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
-  chmod 0755 "$tree/usr/sbin/policy-rc.d"
+  # Postfix delivers locally.
   printf '%s\n' 'postfix postfix/main_mailer_type select Local only' 'postfix postfix/mailname string localhost' |
     in_root debconf-set-selections
-  in_root apt-get update -q >&2
-  in_root apt-get install -y -q --no-install-recommends "${pins[@]}" >&2
-  rm -f "$tree/usr/sbin/policy-rc.d"
-  in_root dpkg-query -W -f='${Package}=${Version}\n' | LC_ALL=C sort >"$work/packages.lock"
-  [ -z "$VARIANT" ] || mkdir -p "$tree/usr/local/src"
-  [ -z "$VARIANT" ] || grep -v '^#' "$CONF/$VARIANT/sources" | grep . | while read -r file path sum; do
-    echo ">> fetching $MIRROR/$path" >&2
-    curl -fsSL --retry 3 -o "$tree/usr/local/src/$file" "$MIRROR/$path"
-    echo "$sum  $tree/usr/local/src/$file" | sha256sum -c --quiet >&2
-  done
+  install_pins "$CONF/packages"
 
   echo ">> configuring the guest" >&2
   install -m 0644 "$CONF/fstab" "$tree/etc/fstab"
@@ -152,7 +150,30 @@ EOF
   : >"$tree/etc/machine-id"
   rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*
   echo debian >"$tree/etc/hostname"
-  rm -f "$tree/etc/resolv.conf"
+}
+
+# variant_tree makes a variant's tree from the plain guest's (which it builds first if it is not
+# cached): the variant's packages and the sources it fetches, on top.
+variant_tree() {
+  local plain
+  plain="$(DEBIAN_GUEST_VARIANT='' "${BASH_SOURCE[0]}")"
+  echo ">> the plain guest's tree, from $plain" >&2
+  mkdir -p "$tree"
+  tar -C "$tree" --numeric-owner --xattrs --xattrs-include='*' -xf "$plain/tree.tar"
+  install_pins "$CONF/$VARIANT/packages"
+  mkdir -p "$tree/usr/local/src"
+  grep -v '^#' "$CONF/$VARIANT/sources" | grep . | while read -r file path sum; do
+    echo ">> fetching $MIRROR/$path" >&2
+    curl -fsSL --retry 3 -o "$tree/usr/local/src/$file" "$MIRROR/$path"
+    echo "$sum  $tree/usr/local/src/$file" | sha256sum -c --quiet >&2
+  done
+}
+
+build() {
+  work="$(mktemp -d "${TMPDIR:-/tmp}/debian-guest.XXXXXX")"
+  trap 'rm -rf "$work"' EXIT
+  tree="$work/root"
+  if [ -z "$VARIANT" ]; then plain_tree; else variant_tree; fi
   in_root apt-get clean
   rm -rf "$tree"/var/lib/apt/lists/* "$tree"/usr/share/doc/* "$tree"/usr/share/man/* "$tree"/usr/share/locale/*
   # Drivers no VM of KubeVirt's has: the image is copied for every member.
@@ -160,6 +181,8 @@ EOF
     "$tree"/usr/lib/modules/*/kernel/sound
   kver="$(basename "$(ls -d "$tree"/usr/lib/modules/*)")"
   in_root depmod "$kver"
+  # The plain guest's tree, kept for its variants (variant_tree).
+  [ -n "$VARIANT" ] || tar -C "$tree" --numeric-owner --xattrs --xattrs-include='*' -cf "$work/tree.tar" .
 
   echo ">> making the disk" >&2
   local esp="$work/esp.img" rootfs="$work/root.img" disk="$work/disk.img"
@@ -187,6 +210,7 @@ EOF
 
   rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
   mv "$disk" "$work/packages.lock" "$OUT.tmp/"
+  [ -n "$VARIANT" ] || mv "$work/tree.tar" "$OUT.tmp/"
   echo "$kver" >"$OUT.tmp/kernel"
   rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 }
