@@ -66,6 +66,6 @@ var _ = Describe("Installation", func() {
 		}
 		sample := getFTVM(ns, "mail-01")
 		Expect(sample.Spec.RunStrategy).To(Equal(ftv1.RunStrategyRunning))
-		Expect(sample.Spec.ExpectedLoad.DiskReadMBps).To(Equal(int32(10)))
+		Expect(sample.Spec.ExpectedLoad.MemoryDirtyMBps).To(Equal(int32(5)))
 	})
 })

@@ -350,7 +350,7 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 	return mv, nil
 }
 
-// logBandwidthMbps is the logging bandwidth reserved for the VM (paper 2.10).
+// logBandwidthMbps is the logging bandwidth reserved for the VM (member.LogBandwidthMbps).
 func (r *FaultTolerantVMReconciler) logBandwidthMbps(ftvm *ftv1.FaultTolerantVM) int {
-	return member.LogBandwidthMbps(ftvm, r.Config.DefaultLogBandwidthMbps)
+	return member.LogBandwidthMbps(ftvm, r.Config.DefaultLogBandwidthMbps, r.Config.Member.COLO.Enabled)
 }

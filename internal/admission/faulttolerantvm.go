@@ -78,6 +78,7 @@ func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv
 		return nil, err
 	}
 	errs = append(errs, adoptErrs...)
+	warnings = append(warnings, validation.ExpectedLoadWarnings(ftvm, v.COLO)...)
 	return append(warnings, roomWarnings...), invalid(ftvm, append(errs, roomErrs...))
 }
 
@@ -158,7 +159,10 @@ func (v *FaultTolerantVMValidator) ValidateUpdate(ctx context.Context, old, ftvm
 		}
 		errs = append(errs, newErrors(before, after)...)
 	}
-	if resized(old, ftvm) {
+	if !equality.Semantic.DeepEqual(old.Spec.ExpectedLoad, ftvm.Spec.ExpectedLoad) {
+		warnings = append(warnings, validation.ExpectedLoadWarnings(ftvm, v.COLO)...)
+	}
+	if resized(old, ftvm, v.COLO) {
 		roomErrs, w, err := v.room(ctx, ftvm)
 		if err != nil {
 			return nil, err
@@ -224,17 +228,17 @@ func (v *FaultTolerantVMValidator) room(ctx context.Context, ftvm *ftv1.FaultTol
 			CPU: n.Status.Allocatable[corev1.ResourceCPU], Memory: n.Status.Allocatable[corev1.ResourceMemory],
 		})
 	}
-	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps), rooms, v.COLO)
+	errs, warnings := validation.ValidateRoom(ftvm, member.LogBandwidthMbps(ftvm, v.DefaultLogBandwidthMbps, v.COLO), rooms, v.COLO)
 	return errs, warnings, nil
 }
 
 // resized says whether an update changes what the VM needs of a node.
-func resized(old, ftvm *ftv1.FaultTolerantVM) bool {
+func resized(old, ftvm *ftv1.FaultTolerantVM, colo bool) bool {
 	oldMem, _ := member.GuestMemory(&old.Spec.Template.Spec)
 	newMem, _ := member.GuestMemory(&ftvm.Spec.Template.Spec)
 	return member.VCPUs(&old.Spec.Template.Spec) != member.VCPUs(&ftvm.Spec.Template.Spec) ||
 		oldMem.Cmp(newMem) != 0 ||
-		member.LogBandwidthMbps(old, 0) != member.LogBandwidthMbps(ftvm, 0)
+		member.LogBandwidthMbps(old, 0, colo) != member.LogBandwidthMbps(ftvm, 0, colo)
 }
 
 // newErrors is what after has that before did not.

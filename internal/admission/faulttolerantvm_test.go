@@ -145,3 +145,50 @@ func TestOneAdopterPerVirtualMachine(t *testing.T) {
 		t.Fatalf("another VirtualMachine: %v", err)
 	}
 }
+
+// TestCOLOWarnsOfAnExpectedLoadThatSizesNothing: with COLO members, spec.expectedLoad's disk
+// reads size nothing (each member reads its own disks): admission says so on create, and on an
+// update that changes the expected load, and reserves by what COLO sends; without COLO the same
+// VM passes without a warning.
+func TestCOLOWarnsOfAnExpectedLoadThatSizesNothing(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, nadv1.AddToScheme, ftv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi")}}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi")}}},
+		&nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "ft-logging"}}).Build()
+	guest := resource.MustParse("1Gi")
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "vm"}, Spec: ftv1.FaultTolerantVMSpec{
+		LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
+		ExpectedLoad:   &ftv1.ExpectedLoad{DiskReadMBps: 100, NetworkReceiveMbps: 20},
+		Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{
+			Domain: virtv1.DomainSpec{Memory: &virtv1.Memory{Guest: &guest}},
+			Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+				PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "root"}}}}},
+		}},
+	}}
+	ftv1.Default(ftvm)
+	// A budget that the white paper's formula would exceed ((100*8 + 20) * 1.2 = 984) and COLO's does not (24).
+	limits := placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 500}
+	ctx := context.Background()
+	colo := &FaultTolerantVMValidator{Reader: reader, Limits: limits, COLO: true}
+	warnings, err := colo.ValidateCreate(ctx, ftvm)
+	if err != nil || !strings.Contains(strings.Join(warnings, "\n"), "diskReadMBps sizes nothing with COLO") {
+		t.Fatalf("with COLO: warnings %q, %v; want the disk reads named, and the VM admitted", warnings, err)
+	}
+	changed := ftvm.DeepCopy()
+	changed.Spec.ExpectedLoad.DiskReadMBps = 50
+	if warnings, err := colo.ValidateUpdate(ctx, ftvm, changed); err != nil || len(warnings) == 0 {
+		t.Fatalf("an update of the expected load with COLO: warnings %q, %v; want the warning again", warnings, err)
+	}
+	plain := &FaultTolerantVMValidator{Reader: reader, Limits: limits}
+	if _, err := plain.ValidateCreate(ctx, ftvm); err == nil || !strings.Contains(err.Error(), "the logging bandwidth budget is 500 Mbit/s") {
+		t.Fatalf("without COLO: %v, want the VM refused for the white paper's 984 Mbit/s", err)
+	}
+}

@@ -33,11 +33,17 @@ func NodeLimits(defaults placement.Limits, n *corev1.Node) (placement.Limits, []
 	return l, ignored
 }
 
-// LogBandwidthMbps is the logging bandwidth reserved for the VM on each member's node: the white
-// paper's sizing formula (2.10) over spec.expectedLoad, or defaultMbps without it.
-func LogBandwidthMbps(ftvm *ftv1.FaultTolerantVM, defaultMbps int) int {
-	if l := ftvm.Spec.ExpectedLoad; l != nil {
+// LogBandwidthMbps is the logging bandwidth reserved for the VM on each member's node: over
+// spec.expectedLoad, lockstep's formula for COLO members (colo) or else the white paper's (2.10);
+// defaultMbps without it.
+func LogBandwidthMbps(ftvm *ftv1.FaultTolerantVM, defaultMbps int, colo bool) int {
+	l := ftvm.Spec.ExpectedLoad
+	switch {
+	case l == nil:
+		return defaultMbps
+	case colo:
+		return placement.COLOLogBandwidthMbps(int(l.MemoryDirtyMBps), int(l.DiskWriteMBps), int(l.NetworkReceiveMbps), int(l.NetworkTransmitMbps))
+	default:
 		return placement.LogBandwidthMbps(int(l.DiskReadMBps), int(l.NetworkReceiveMbps))
 	}
-	return defaultMbps
 }

@@ -443,6 +443,20 @@ func HoldWaitingSecondaries(nodes []Node) []Node {
 // LogBandwidthMbps is the white paper's sizing formula (section 2.10): FT logging bandwidth in
 // Mbit/s ~= (disk read MB/s * 8 + network receive Mbit/s) * 1.2, rounded up.
 func LogBandwidthMbps(diskReadMBps, networkReceiveMbps int) int {
-	raw := diskReadMBps*8 + networkReceiveMbps
-	return (raw*12 + 9) / 10
+	return withHeadroom(diskReadMBps*8 + networkReceiveMbps)
+}
+
+// COLOLogBandwidthMbps is lockstep's sizing formula for COLO members, from what each of COLO's
+// streams carried in make bench-workloads (docs/performance.md): to the secondary, the pages the
+// guest dirtied (the checkpoints), its disk writes (block replication) and what it received
+// (the mirror); back from it, what it transmitted (colo-compare's copy). Both directions count,
+// as a node's budget covers what its members send and receive; with the white paper's 20%
+// headroom, rounded up.
+func COLOLogBandwidthMbps(memoryDirtyMBps, diskWriteMBps, networkReceiveMbps, networkTransmitMbps int) int {
+	return withHeadroom((memoryDirtyMBps+diskWriteMBps)*8 + networkReceiveMbps + networkTransmitMbps)
+}
+
+// withHeadroom is the white paper's 20% over a raw logging rate, rounded up.
+func withHeadroom(rawMbps int) int {
+	return (rawMbps*12 + 9) / 10
 }

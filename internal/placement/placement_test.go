@@ -168,6 +168,22 @@ func TestLogBandwidthFormula(t *testing.T) {
 	}
 }
 
+func TestCOLOLogBandwidthFormula(t *testing.T) {
+	// ((dirtied memory + disk writes) MB/s * 8 + receives + transmits Mbit/s) * 1.2, rounded up.
+	for _, c := range []struct{ dirty, write, recv, xmit, want int }{
+		{0, 0, 0, 0, 0},
+		{10, 0, 0, 0, 96},       // a build: its dirtied memory alone
+		{0, 5, 20, 0, 72},       // (5*8 + 20) * 1.2
+		{1, 1, 1, 0, 21},        // 17 * 1.2 = 20.4, rounded up
+		{0, 0, 100, 900, 1200},  // what it sends comes back to be compared
+		{10, 10, 100, 100, 432}, // (160 + 200) * 1.2
+	} {
+		if got := COLOLogBandwidthMbps(c.dirty, c.write, c.recv, c.xmit); got != c.want {
+			t.Errorf("COLOLogBandwidthMbps(%d, %d, %d, %d) = %d, want %d", c.dirty, c.write, c.recv, c.xmit, got, c.want)
+		}
+	}
+}
+
 // TestPlacementPropertiesUnderChurn drives random clusters through pair creation, deletion, node
 // loss with promotion and re-protection, and node addition, and checks after every step that
 //   - no node holds more FT members, vCPUs or logging bandwidth than its limits allow, even

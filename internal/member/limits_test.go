@@ -1,0 +1,22 @@
+package member
+
+import (
+	"testing"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+)
+
+func TestLogBandwidthFollowsTheEngine(t *testing.T) {
+	load := &ftv1.ExpectedLoad{DiskReadMBps: 10, NetworkReceiveMbps: 20, MemoryDirtyMBps: 30, DiskWriteMBps: 5, NetworkTransmitMbps: 50}
+	ftvm := &ftv1.FaultTolerantVM{Spec: ftv1.FaultTolerantVMSpec{ExpectedLoad: load}}
+	if got := LogBandwidthMbps(ftvm, 100, true); got != 420 { // ((30+5)*8 + 20 + 50) * 1.2
+		t.Errorf("with COLO: %d Mbit/s, want 420", got)
+	}
+	if got := LogBandwidthMbps(ftvm, 100, false); got != 120 { // (10*8 + 20) * 1.2
+		t.Errorf("without COLO: %d Mbit/s, want 120", got)
+	}
+	ftvm.Spec.ExpectedLoad = nil
+	if got := LogBandwidthMbps(ftvm, 100, true); got != 100 {
+		t.Errorf("without an expected load: %d Mbit/s, want the default 100", got)
+	}
+}
