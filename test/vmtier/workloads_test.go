@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/workloads"
 )
@@ -148,6 +149,7 @@ func BenchmarkWorkloads(b *testing.B) {
 			do := func() { ms, err = w.Run(ctx, env) }
 			if protected {
 				windows[w.Name] = c.measure(p, 0, do)
+				c.stillProtected(b, p, w.Name, windows[w.Name])
 			} else {
 				do()
 			}
@@ -194,6 +196,20 @@ func BenchmarkWorkloads(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Logf("the report: %s (go run ./hack/benchreport %s)", out, out)
+}
+
+// stillProtected fails the benchmark where a row's protected run was not protected all along: the
+// primary left the pair, or the checkpoints stopped (a run of 9e514ce measured its last rows with
+// no checkpoint at all, and would have reported them as protection's cost).
+func (c *cluster) stillProtected(b *testing.B, p *member, row string, w window) {
+	if st := p.agent.State(); st != failover.Protected {
+		c.dump()
+		b.Fatalf("%s: the primary is %s after its protected run, not Protected: the row was not measured protected", row, st)
+	}
+	if w.checkpoints == 0 && w.elapsed > 3*checkpoint {
+		c.dump()
+		b.Fatalf("%s: no checkpoint in %s of its protected run, where the period is %s: the pair did not replicate", row, w.elapsed.Round(time.Second), checkpoint)
+	}
 }
 
 // commit is the tree the benchmark ran: its commit, marked where the tree differs from it.

@@ -1,0 +1,70 @@
+// The kept column of several runs of make bench-workloads side by side: whether a row's cost is
+// the same from one run to the next on this machine.
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/lockstep-dev/lockstep/test/workloads"
+)
+
+// acrossReport writes, for every row of the first report, what each report kept of it.
+func acrossReport(w io.Writer, files []string) error {
+	reports := make([]workloads.Report, 0, len(files))
+	for _, f := range files {
+		r, err := workloads.ReadReport(f)
+		if err != nil {
+			return err
+		}
+		reports = append(reports, r)
+	}
+	return across(w, reports)
+}
+
+// across writes the table: a column per run (its date and commit), a line per row and measure,
+// each cell the share kept and, beside the goal, whether each run met it.
+func across(w io.Writer, reports []workloads.Report) error {
+	if len(reports) == 0 {
+		return fmt.Errorf("no reports")
+	}
+	var b strings.Builder
+	b.WriteString("| workload | measure | goal |")
+	for _, r := range reports {
+		fmt.Fprintf(&b, " kept, %s (%s) |", r.Date, r.Commit)
+	}
+	b.WriteString("\n| --- | --- | --- |" + strings.Repeat(" ---: |", len(reports)) + "\n")
+	for _, row := range reports[0].Rows {
+		g := ""
+		if row.Measure.Goal != 0 {
+			g = fmt.Sprintf("≥ %.2f", keptGoal(row.Measure))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |", row.Workload, row.Measure.Name, g)
+		for _, r := range reports {
+			other, ok := find(r, row.Workload, row.Measure.Name)
+			switch {
+			case !ok:
+				b.WriteString(" not run |")
+			case other.Measure.Goal != 0 && !other.GoalMet():
+				fmt.Fprintf(&b, " %.2f (missed) |", other.Kept())
+			default:
+				fmt.Fprintf(&b, " %.2f |", other.Kept())
+			}
+		}
+		b.WriteString("\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// find is the report's row of that workload and measure.
+func find(r workloads.Report, workload, measure string) (workloads.Row, bool) {
+	for _, row := range r.Rows {
+		if row.Workload == workload && row.Measure.Name == measure {
+			return row, true
+		}
+	}
+	return workloads.Row{}, false
+}
