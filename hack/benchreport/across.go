@@ -47,6 +47,10 @@ func across(w io.Writer, reports []workloads.Report) error {
 			switch {
 			case !ok:
 				b.WriteString(" not run |")
+			case other.Protection.Checkpoints == 0:
+				// No checkpoint in its protected run: the pair did not replicate, and the
+				// figure is not protection's cost (make bench-workloads now fails such a run).
+				b.WriteString(" no checkpoint: not protected |")
 			case other.Measure.Goal != 0 && !other.GoalMet():
 				fmt.Fprintf(&b, " %.2f (missed) |", other.Kept())
 			default:
