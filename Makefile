@@ -103,7 +103,7 @@ test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, val
 	hack/gotest.sh unit -race -count=1 $$(go list ./internal/... | grep -v /internal/arbiter) ./api/... ./test/kubevirtdouble/... ./test/virtlauncher/... ./hack/debian-guest/... ./hack/benchreport/... ./test/workloads/... ./test/faultproxy/... ./test/chaos/... ./test/counter/... ./test/scale/... ./test/apps/... ./test/imagevolume/...
 
 .PHONY: test-envtest
-test-envtest: envtest-assets test-crds installer $(GINKGO) ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd; the controllers' specs in ENVTEST_PROCS (3) processes, each with its own API server.
+test-envtest: envtest-assets test-crds installer $(GINKGO) ## The controllers, and the Lease arbiter, against a real kube-apiserver and etcd; the controllers' specs in ENVTEST_PROCS (default 3) processes, each with its own API server.
 	hack/gotest.sh arbiter -race -count=1 ./internal/arbiter/...
 	hack/gotest.sh envtest --ginkgo -p --procs=$(ENVTEST_PROCS) -v --timeout=20m ./controllers
 

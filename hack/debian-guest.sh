@@ -20,7 +20,8 @@
 # tier's check of its drivers): the same guest with the programs of hack/debian-guest/workloads
 # (fio, iperf3, sockperf, gcc and make) and the source it builds, linked at
 # bin/debian-guest-workloads. A variant is made from the plain guest's tree (kept as tree.tar
-# beside its disk), not from a debootstrap of its own. The other tiers run the plain guest, which stays as small as it was.
+# beside its disk), not from a debootstrap of its own. The other tiers run the plain guest, which
+# stays as small as it was.
 #
 # Cached under ~/.cache/lockstep/debian-guest/<hash of this script, hack/debian-guest and the
 # variant>/ and linked at bin/debian-guest. The host tools it and the tests that run it use are Debian 12's,
@@ -110,9 +111,12 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lockstep" ;;
 # install_pins installs the packages pinned in FILE... into the tree (nothing they install
 # starts in it), and writes what the tree then holds to packages.lock.
 install_pins() {
+  : "${tree:?}" "${work:?}"
   local pins
   mapfile -t pins < <(grep -hv '^#' "$@" | grep .)
+  [ ${#pins[@]} -gt 0 ] || { echo "debian-guest: no packages pinned in $*" >&2; exit 1; }
   echo ">> installing ${pins[*]}" >&2
+  rm -f "$tree/etc/resolv.conf" # a link into /run, in a tree debootstrap made: never written through
   cp /etc/resolv.conf "$tree/etc/resolv.conf" 2>/dev/null || true
   printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
   chmod 0755 "$tree/usr/sbin/policy-rc.d"
@@ -125,6 +129,7 @@ install_pins() {
 # plain_tree makes the plain guest's tree: debootstrap, the pinned packages, the guest's own
 # configuration and programs.
 plain_tree() {
+  : "${tree:?}"
   echo ">> debootstrap (minbase) of bookworm from $MIRROR" >&2
   debootstrap --variant=minbase bookworm "$tree" "$MIRROR" >&2
   printf '%s\n' "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
@@ -146,15 +151,12 @@ plain_tree() {
   install -m 0644 "$CONF/lockstep-counter.service" "$tree/etc/systemd/system/lockstep-counter.service"
   ln -sf /etc/systemd/system/lockstep-counter.service "$tree/etc/systemd/system/multi-user.target.wants/lockstep-counter.service"
   apps
-  # Made at first boot, per instance: the machine id by systemd, the host keys by cloud-init.
-  : >"$tree/etc/machine-id"
-  rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*
-  echo debian >"$tree/etc/hostname"
 }
 
 # variant_tree makes a variant's tree from the plain guest's (which it builds first if it is not
 # cached): the variant's packages and the sources it fetches, on top.
 variant_tree() {
+  : "${tree:?}"
   local plain
   plain="$(DEBIAN_GUEST_VARIANT='' "${BASH_SOURCE[0]}")"
   echo ">> the plain guest's tree, from $plain" >&2
@@ -174,6 +176,11 @@ build() {
   trap 'rm -rf "$work"' EXIT
   tree="$work/root"
   if [ -z "$VARIANT" ]; then plain_tree; else variant_tree; fi
+  # Made at first boot, per instance: the machine id by systemd, the host keys by cloud-init (after
+  # every package, so that none leaves one of its own in the image).
+  : >"$tree/etc/machine-id"
+  rm -f "$tree/var/lib/dbus/machine-id" "$tree"/etc/ssh/ssh_host_*
+  echo debian >"$tree/etc/hostname"
   in_root apt-get clean
   rm -rf "$tree"/var/lib/apt/lists/* "$tree"/usr/share/doc/* "$tree"/usr/share/man/* "$tree"/usr/share/locale/*
   # Drivers no VM of KubeVirt's has: the image is copied for every member.
@@ -217,7 +224,8 @@ EOF
 
 host_tools
 # Everything the build prints goes to stderr: stdout is the directory alone.
-[ -f "$OUT/disk.img" ] || build >&2
+# The plain guest keeps its tree for its variants: a cache of it without one is made again.
+[ -f "$OUT/disk.img" ] && { [ -n "$VARIANT" ] || [ -f "$OUT/tree.tar" ]; } || build >&2
 mkdir -p "$ROOT/bin"
 ln -sfn "$OUT" "$LINK"
 echo "$OUT"

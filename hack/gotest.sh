@@ -51,7 +51,7 @@ plain() { sed -e 's/\x1b\[[0-9;]*m//g' "$log"; }
 
 {
   echo
-  echo "==== $tier failed (go test exit $rc); the whole output: $log ===="
+  echo "==== $tier failed (${runner[0]##*/} exit $rc); the whole output: $log ===="
   why | tail -n 150
   echo "==== $tier failed, in short ===="
   short | tail -n 12

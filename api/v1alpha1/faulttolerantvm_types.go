@@ -231,30 +231,36 @@ type LoggingNetwork struct {
 // With COLO members (the default install) the secondary gets the memory the guest dirties, what
 // it writes to its disks and what it receives, and sends back what it transmits; it reads its own
 // disks: bandwidth ~= ((memoryDirty + diskWrite) MB/s * 8 + networkReceive + networkTransmit
-// Mbit/s) * 1.2. Without COLO, the white paper's formula (section 2.10): bandwidth ~= (diskRead
+// Mbit/s) * 1.2, and no less than the operator's default per-VM bandwidth where memoryDirtyMBps
+// is not given. Without COLO, the white paper's formula (section 2.10): bandwidth ~= (diskRead
 // MB/s * 8 + networkReceive Mbit/s) * 1.2.
 type ExpectedLoad struct {
 	// diskReadMBps is the average disk read throughput of the guest in MB/s. COLO sends none of
 	// it (each member reads its own disks): only members without COLO are sized by it.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
 	// +optional
 	DiskReadMBps int32 `json:"diskReadMBps,omitempty"`
 	// diskWriteMBps is the average disk write throughput of the guest in MB/s (COLO).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
 	// +optional
 	DiskWriteMBps int32 `json:"diskWriteMBps,omitempty"`
 	// memoryDirtyMBps is the rate at which the guest dirties its memory in MB/s, as
 	// `virsh domdirtyrate-calc` measures it on the VM unprotected (COLO).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
 	// +optional
 	MemoryDirtyMBps int32 `json:"memoryDirtyMBps,omitempty"`
 	// networkReceiveMbps is the average network receive rate of the guest in Mbit/s.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	NetworkReceiveMbps int32 `json:"networkReceiveMbps,omitempty"`
 	// networkTransmitMbps is the average network transmit rate of the guest in Mbit/s (COLO:
 	// the secondary's copy of it comes back to the primary to be compared).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	NetworkTransmitMbps int32 `json:"networkTransmitMbps,omitempty"`
 }

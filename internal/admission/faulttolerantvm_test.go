@@ -166,7 +166,7 @@ func TestCOLOWarnsOfAnExpectedLoadThatSizesNothing(t *testing.T) {
 	guest := resource.MustParse("1Gi")
 	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "vm"}, Spec: ftv1.FaultTolerantVMSpec{
 		LoggingNetwork: ftv1.LoggingNetwork{Name: "ft-logging"},
-		ExpectedLoad:   &ftv1.ExpectedLoad{DiskReadMBps: 100, NetworkReceiveMbps: 20},
+		ExpectedLoad:   &ftv1.ExpectedLoad{DiskReadMBps: 100, NetworkReceiveMbps: 20, MemoryDirtyMBps: 1},
 		Template: ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{
 			Domain: virtv1.DomainSpec{Memory: &virtv1.Memory{Guest: &guest}},
 			Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
@@ -174,7 +174,7 @@ func TestCOLOWarnsOfAnExpectedLoadThatSizesNothing(t *testing.T) {
 		}},
 	}}
 	ftv1.Default(ftvm)
-	// A budget that the white paper's formula would exceed ((100*8 + 20) * 1.2 = 984) and COLO's does not (24).
+	// A budget that the white paper's formula would exceed ((100*8 + 20) * 1.2 = 984) and COLO's does not (34).
 	limits := placement.Limits{MaxMembers: 4, MaxVCPUs: 8, LogBandwidthMbps: 500}
 	ctx := context.Background()
 	colo := &FaultTolerantVMValidator{Reader: reader, Limits: limits, COLO: true}
@@ -184,7 +184,7 @@ func TestCOLOWarnsOfAnExpectedLoadThatSizesNothing(t *testing.T) {
 	}
 	changed := ftvm.DeepCopy()
 	changed.Spec.ExpectedLoad.DiskReadMBps = 50
-	if warnings, err := colo.ValidateUpdate(ctx, ftvm, changed); err != nil || len(warnings) == 0 {
+	if warnings, err := colo.ValidateUpdate(ctx, ftvm, changed); err != nil || !strings.Contains(strings.Join(warnings, "\n"), "diskReadMBps sizes nothing with COLO") {
 		t.Fatalf("an update of the expected load with COLO: warnings %q, %v; want the warning again", warnings, err)
 	}
 	plain := &FaultTolerantVMValidator{Reader: reader, Limits: limits}

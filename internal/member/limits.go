@@ -35,14 +35,20 @@ func NodeLimits(defaults placement.Limits, n *corev1.Node) (placement.Limits, []
 
 // LogBandwidthMbps is the logging bandwidth reserved for the VM on each member's node: over
 // spec.expectedLoad, lockstep's formula for COLO members (colo) or else the white paper's (2.10);
-// defaultMbps without it.
+// defaultMbps without it. A COLO VM whose load gives no memoryDirtyMBps reserves no less than
+// defaultMbps: every checkpoint carries the memory its guest dirtied, which the formula would
+// count as none.
 func LogBandwidthMbps(ftvm *ftv1.FaultTolerantVM, defaultMbps int, colo bool) int {
 	l := ftvm.Spec.ExpectedLoad
 	switch {
 	case l == nil:
 		return defaultMbps
 	case colo:
-		return placement.COLOLogBandwidthMbps(int(l.MemoryDirtyMBps), int(l.DiskWriteMBps), int(l.NetworkReceiveMbps), int(l.NetworkTransmitMbps))
+		mbps := placement.COLOLogBandwidthMbps(int(l.MemoryDirtyMBps), int(l.DiskWriteMBps), int(l.NetworkReceiveMbps), int(l.NetworkTransmitMbps))
+		if l.MemoryDirtyMBps == 0 {
+			return max(mbps, defaultMbps)
+		}
+		return mbps
 	default:
 		return placement.LogBandwidthMbps(int(l.DiskReadMBps), int(l.NetworkReceiveMbps))
 	}

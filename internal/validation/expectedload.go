@@ -9,17 +9,22 @@ import (
 
 // ExpectedLoadWarnings names the fields of spec.expectedLoad that size nothing for the members the
 // operator runs: with COLO, a guest's disk reads (each member reads its own disks); without it,
-// what only COLO sends (dirtied memory, disk writes, the transmitted copy compared).
+// what only COLO sends (dirtied memory, disk writes, the transmitted copy compared). With COLO it
+// also says when the load gives no dirtied memory, which the reservation then makes up for.
 func ExpectedLoadWarnings(ftvm *ftv1.FaultTolerantVM, colo bool) []string {
 	l := ftvm.Spec.ExpectedLoad
 	if l == nil {
 		return nil
 	}
 	if colo {
+		var w []string
 		if l.DiskReadMBps > 0 {
-			return []string{"spec.expectedLoad.diskReadMBps sizes nothing with COLO members, which read their own disks: the logging bandwidth reserved counts memoryDirtyMBps, diskWriteMBps, networkReceiveMbps and networkTransmitMbps"}
+			w = append(w, "spec.expectedLoad.diskReadMBps sizes nothing with COLO members, which read their own disks: the logging bandwidth reserved counts memoryDirtyMBps, diskWriteMBps, networkReceiveMbps and networkTransmitMbps")
 		}
-		return nil
+		if l.MemoryDirtyMBps == 0 {
+			w = append(w, "spec.expectedLoad gives no memoryDirtyMBps: every COLO checkpoint carries the memory the guest dirtied, so the VM reserves no less than the operator's default per-VM logging bandwidth (--default-vm-log-bandwidth-mbps); measure it with virsh domdirtyrate-calc on the VM unprotected")
+		}
+		return w
 	}
 	var unused []string
 	for name, v := range map[string]int32{"diskWriteMBps": l.DiskWriteMBps, "memoryDirtyMBps": l.MemoryDirtyMBps, "networkTransmitMbps": l.NetworkTransmitMbps} {

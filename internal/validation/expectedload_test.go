@@ -16,7 +16,8 @@ func TestExpectedLoadWarnsOfWhatSizesNothing(t *testing.T) {
 	}{
 		{"no load", nil, true, nil},
 		{"COLO: what COLO sends", &ftv1.ExpectedLoad{MemoryDirtyMBps: 20, DiskWriteMBps: 5, NetworkReceiveMbps: 10, NetworkTransmitMbps: 10}, true, nil},
-		{"COLO: disk reads", &ftv1.ExpectedLoad{DiskReadMBps: 10, NetworkReceiveMbps: 20}, true, []string{"diskReadMBps sizes nothing with COLO"}},
+		{"COLO: disk reads", &ftv1.ExpectedLoad{DiskReadMBps: 10, NetworkReceiveMbps: 20, MemoryDirtyMBps: 1}, true, []string{"diskReadMBps sizes nothing with COLO"}},
+		{"COLO: no dirtied memory", &ftv1.ExpectedLoad{NetworkReceiveMbps: 20}, true, []string{"no memoryDirtyMBps", "no less than the operator's default"}},
 		{"without COLO: the white paper's", &ftv1.ExpectedLoad{DiskReadMBps: 10, NetworkReceiveMbps: 20}, false, nil},
 		{"without COLO: COLO's fields", &ftv1.ExpectedLoad{MemoryDirtyMBps: 20, NetworkTransmitMbps: 1, NetworkReceiveMbps: 20}, false,
 			[]string{"spec.expectedLoad.memoryDirtyMBps, spec.expectedLoad.networkTransmitMbps size nothing without COLO"}},

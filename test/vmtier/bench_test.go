@@ -112,6 +112,9 @@ type window struct {
 	requests              int
 	checkpointsPerSecond  float64
 	elapsed               time.Duration
+	// longestGap is the longest time in the window without a checkpoint (from its start to the
+	// first, between two, from the last to its end).
+	longestGap time.Duration
 	// streamMBps is what each COLO stream carried over the logging link, both ways, in MB/s
 	// (colo.StreamMigration, StreamNBD, StreamMirror, StreamCompare).
 	streamMBps map[string]float64
@@ -170,6 +173,12 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	c.mu.Unlock()
 	w.checkpoints = len(cps)
 	w.checkpointsPerSecond = float64(len(cps)) / elapsed.Seconds()
+	last := start
+	for _, cp := range cps {
+		w.longestGap = max(w.longestGap, cp.At.Sub(last))
+		last = cp.At
+	}
+	w.longestGap = max(w.longestGap, start.Add(elapsed).Sub(last))
 	var pauses, loads []time.Duration
 	var sum time.Duration
 	n := 0
