@@ -40,6 +40,8 @@ HOST_TOOLS=(debootstrap=1.0.128+nmu2+deb12u2 fdisk=2.38.1-5+deb12u3 dosfstools=4
   syslinux-common=3:6.04~git20190206.bf6db5b4+dfsg1-3 syslinux-efi=3:6.04~git20190206.bf6db5b4+dfsg1-3
   genisoimage=9:1.1.11-3.4 openssh-client=1:9.2p1-2+deb12u6 postgresql-client-15=15.18-0+deb12u1
   iperf3=3.12-1+deb12u2 sockperf=3.7-1)
+# How the plain guest's tree is kept for its variants (tree.tar): owners by number, with xattrs.
+TREE_TAR=(--numeric-owner --xattrs --xattrs-include='*')
 DISK_MIB=2048
 ESP_MIB=64
 COUNTER_MIB=8
@@ -161,7 +163,7 @@ variant_tree() {
   plain="$(DEBIAN_GUEST_VARIANT='' "${BASH_SOURCE[0]}")"
   echo ">> the plain guest's tree, from $plain" >&2
   mkdir -p "$tree"
-  tar -C "$tree" --numeric-owner --xattrs --xattrs-include='*' -xf "$plain/tree.tar"
+  tar -C "$tree" "${TREE_TAR[@]}" -xf "$plain/tree.tar"
   install_pins "$CONF/$VARIANT/packages"
   mkdir -p "$tree/usr/local/src"
   grep -v '^#' "$CONF/$VARIANT/sources" | grep . | while read -r file path sum; do
@@ -189,7 +191,7 @@ build() {
   kver="$(basename "$(ls -d "$tree"/usr/lib/modules/*)")"
   in_root depmod "$kver"
   # The plain guest's tree, kept for its variants (variant_tree).
-  [ -n "$VARIANT" ] || tar -C "$tree" --numeric-owner --xattrs --xattrs-include='*' -cf "$work/tree.tar" .
+  [ -n "$VARIANT" ] || tar -C "$tree" "${TREE_TAR[@]}" -cf "$work/tree.tar" .
 
   echo ">> making the disk" >&2
   local esp="$work/esp.img" rootfs="$work/root.img" disk="$work/disk.img"

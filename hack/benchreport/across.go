@@ -37,11 +37,7 @@ func across(w io.Writer, reports []workloads.Report) error {
 	}
 	b.WriteString("\n| --- | --- | --- |" + strings.Repeat(" ---: |", len(reports)) + "\n")
 	for _, row := range reports[0].Rows {
-		g := ""
-		if row.Measure.Goal != 0 {
-			g = fmt.Sprintf("≥ %.2f", keptGoal(row.Measure))
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s |", row.Workload, row.Measure.Name, g)
+		fmt.Fprintf(&b, "| %s | %s | %s |", row.Workload, row.Measure.Name, goalText(row.Measure))
 		for _, r := range reports {
 			other, ok := find(r, row.Workload, row.Measure.Name)
 			switch {
@@ -51,7 +47,7 @@ func across(w io.Writer, reports []workloads.Report) error {
 				// No checkpoint in its protected run: the pair did not replicate, and the
 				// figure is not protection's cost (make bench-workloads now fails such a run).
 				b.WriteString(" no checkpoint: not protected |")
-			case other.Measure.Goal != 0 && !other.GoalMet():
+			case !other.GoalMet(): // true where the row has no goal
 				fmt.Fprintf(&b, " %.2f (missed) |", other.Kept())
 			default:
 				fmt.Fprintf(&b, " %.2f |", other.Kept())

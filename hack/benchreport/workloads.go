@@ -88,7 +88,19 @@ func streams(b *strings.Builder, r workloads.Report) {
 // goal says the row's goal, on the scale of the kept column (a time's goal of at most 1.5x
 // unprotected is 0.67 kept), with its absolute limit, and whether it is met.
 func goal(r workloads.Row) string {
-	m := r.Measure
+	s := goalText(r.Measure)
+	if s == "" {
+		return ""
+	}
+	if r.GoalMet() {
+		return s + ": met"
+	}
+	return s + ": **missed**"
+}
+
+// goalText is the measure's goal on the scale of the kept column, with its absolute limit ("" for
+// a measure without a goal).
+func goalText(m workloads.Measure) string {
 	if m.Goal == 0 {
 		return ""
 	}
@@ -96,10 +108,7 @@ func goal(r workloads.Row) string {
 	if m.Limit != 0 {
 		s += fmt.Sprintf(", ≤ %s %s", num(m.Limit), m.Unit)
 	}
-	if r.GoalMet() {
-		return s + ": met"
-	}
-	return s + ": **missed**"
+	return s
 }
 
 // keptGoal is the measure's goal as a share kept.
