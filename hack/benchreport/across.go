@@ -11,7 +11,7 @@ import (
 	"github.com/lockstep-dev/lockstep/test/workloads"
 )
 
-// acrossReport writes, for every row of the first report, what each report kept of it.
+// acrossReport writes, for every row of any report, what each report kept of it.
 func acrossReport(w io.Writer, files []string) error {
 	reports := make([]workloads.Report, 0, len(files))
 	for _, f := range files {
@@ -36,7 +36,7 @@ func across(w io.Writer, reports []workloads.Report) error {
 		fmt.Fprintf(&b, " kept, %s (%s) |", r.Date, r.Commit)
 	}
 	b.WriteString("\n| --- | --- | --- |" + strings.Repeat(" ---: |", len(reports)) + "\n")
-	for _, row := range reports[0].Rows {
+	for _, row := range allRows(reports) {
 		fmt.Fprintf(&b, "| %s | %s | %s |", row.Workload, row.Measure.Name, goalText(row.Measure))
 		for _, r := range reports {
 			other, ok := find(r, row.Workload, row.Measure.Name)
@@ -57,6 +57,22 @@ func across(w io.Writer, reports []workloads.Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// allRows is every row and measure of the reports, once each: the first report's in its order,
+// then those that only later reports have (a row added since), in theirs.
+func allRows(reports []workloads.Report) []workloads.Row {
+	var rows []workloads.Row
+	seen := map[[2]string]bool{}
+	for _, r := range reports {
+		for _, row := range r.Rows {
+			if k := [2]string{row.Workload, row.Measure.Name}; !seen[k] {
+				seen[k] = true
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows
 }
 
 // find is the report's row of that workload and measure.

@@ -23,6 +23,9 @@ func TestAcrossPutsEachRunsKeptSideBySide(t *testing.T) {
 	second.Rows[0].Protected = 180 // 0.90 kept: the goal met this time
 	second.Rows[1].Protection.Checkpoints = 0
 	second.Rows = second.Rows[:2] // its latency p50 not run
+	added := second.Rows[0]       // a row the first run did not have
+	added.Workload, added.Measure.Name = "net-transmit-stream", "throughput"
+	second.Rows = append(second.Rows, added)
 	var b bytes.Buffer
 	if err := across(&b, runs); err != nil {
 		t.Fatal(err)
@@ -33,6 +36,7 @@ func TestAcrossPutsEachRunsKeptSideBySide(t *testing.T) {
 		"| oltp | transactions | ≥ 0.80 | 0.60 (missed) | 0.90 |",
 		"| oltp | latency p95 | ≥ 0.67 | 0.80 | no checkpoint: not protected |",
 		"| oltp | latency p50 |  | 0.80 | not run |",
+		"| net-transmit-stream | throughput | ≥ 0.80 | not run | 0.90 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)

@@ -7,6 +7,8 @@
 //	                                                 against protected, and its chart (workloads.go)
 //	benchreport -across A.json,B.json...              what each run kept of each row, side by side
 //	                                                 (across.go)
+//	benchreport -colotrace QEMU.log [-from T] [-to T] why colo-compare forced the checkpoints of
+//	                                                 a primary's trace (colotrace.go)
 package main
 
 import (
@@ -14,15 +16,22 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 )
 
 func main() {
 	report := flag.String("workloads", "", "a report of make bench-workloads (JSON): print its table (Markdown)")
 	png := flag.String("png", "", "with -workloads: write its chart (PNG) here too")
 	runs := flag.String("across", "", "reports of make bench-workloads (JSON, comma-separated): print what each kept of each row")
+	trace := flag.String("colotrace", "", "a primary QEMU's log with colo-compare's trace events: print why it forced checkpoints")
+	var from, to time.Time
+	flag.Func("from", "with -colotrace: only the events from this time on (RFC 3339)", timeFlag(&from))
+	flag.Func("to", "with -colotrace: only the events before this time (RFC 3339)", timeFlag(&to))
 	flag.Parse()
 	var err error
 	switch {
+	case *trace != "":
+		err = coloTraceReport(os.Stdout, *trace, from, to)
 	case *runs != "":
 		err = acrossReport(os.Stdout, strings.Split(*runs, ","))
 	case *report != "":
@@ -33,5 +42,12 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
+	}
+}
+
+func timeFlag(into *time.Time) func(string) error {
+	return func(v string) (err error) {
+		*into, err = time.Parse(time.RFC3339Nano, v)
+		return err
 	}
 }

@@ -460,7 +460,8 @@ func (c *cluster) launchDirect(m *member) {
 // backend.
 //
 // VMTIER_TRACE: QEMU trace patterns (e.g. "colo_compare*"), written to the QEMU's log, with
-// timestamps. VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap (and the client's as
+// timestamps. VMTIER_LOGS=DIR: once the test ends, the member's QEMU log (its trace) is kept as
+// DIR/<member>.qemu.log. VMTIER_PCAP=DIR: the member's NIC traffic as DIR/<member>.pcap (and the client's as
 // DIR/client.pcap, newClusterOf). On a secondary the
 // dump sits after the COLO filters: it sees what the guest sends and what reaches it; on a
 // primary it sits before them: what the tap brings in and what colo-compare released. Once the
@@ -473,6 +474,13 @@ func (c *cluster) diagnostics(m *member, netdev string) []string {
 	}
 	if len(patterns) > 0 && !c.viaLibvirt { // libvirt asks for timestamps itself
 		args = append(args, "-msg", "timestamp=on")
+	}
+	if dir := os.Getenv("VMTIER_LOGS"); dir != "" {
+		c.t.Cleanup(func() { // before the member's state goes (cleanups run last first)
+			if qlog, err := os.ReadFile(m.qemuLog); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, m.name+".qemu.log"), qlog, 0o644)
+			}
+		})
 	}
 	if dir := os.Getenv("VMTIER_PCAP"); dir != "" {
 		args = append(args, "-object", "filter-dump,id=pcap0,netdev="+netdev+",file="+filepath.Join(dir, m.name+".pcap"))

@@ -70,7 +70,7 @@ type Workload struct {
 func All() []Workload {
 	return []Workload{
 		build,
-		iperfReceive, iperfTransmit,
+		iperfReceive, iperfTransmit, streamTransmit,
 		sockperfPingPong,
 		fioRow("randread", 2), fioRow("randwrite", 2), fioRow("randread", 64), fioRow("randwrite", 64),
 		pgbench,

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// colotrace reads a primary QEMU's log, written with the trace events colo_compare_tcp_miscompare
+// and colo_compare_old_packet (VMTIER_TRACE, VMTIER_LOGS), and says why colo-compare forced the
+// checkpoints it forced between from and to: for each TCP comparison that failed, whether both
+// packets covered the same bytes of the stream and still differed (the guests wrote different
+// bytes there), whether they covered different ranges, or whether the primary's packet
+// acknowledged data the secondary had not; for each packet that waited past the compare timeout,
+// its side and whether it carried data.
+type coloTrace struct {
+	// Mismatches counts the distinct failed comparisons (one pair of packets is compared again at
+	// each packet that arrives until the checkpoint) by kind.
+	Mismatches map[string]int
+	// SameRangeSizes counts the payload sizes of the same-range mismatches: a size that repeats
+	// names the reply that differs (a 34-byte SMTP "250 ... queued as ID").
+	SameRangeSizes map[int]int
+	// Timeouts counts the packets that forced a checkpoint on the timeout, by side and kind
+	// ("primary data", "primary FIN", "secondary bare ACK").
+	Timeouts map[string]int
+}
+
+const (
+	sameRange   = "same bytes of the stream, different payload"
+	ackAhead    = "the primary acknowledged what the secondary had not"
+	otherRanges = "different ranges of the stream"
+)
+
+// parseColoTrace reads the trace lines of r whose timestamps fall in [from, to) (zero: no bound).
+func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
+	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[string]int{}}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, f[0])
+		if err != nil || (!from.IsZero() && at.Before(from)) || (!to.IsZero() && !at.Before(to)) {
+			continue
+		}
+		switch f[1] {
+		case "colo_compare_tcp_miscompare":
+			// pri seq/end/ack= A/B/C offset= N sec seq/end/ack= D/E/F offset= M min_ack= G
+			if len(f) != 14 {
+				return t, fmt.Errorf("colo_compare_tcp_miscompare: %d fields in %q", len(f), sc.Text())
+			}
+			key := f[4] + " " + f[9]
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			p, err1 := seqEndAck(f[4])
+			s, err2 := seqEndAck(f[9])
+			minAck, err3 := strconv.ParseUint(f[13], 10, 32)
+			if err := firstErr(err1, err2, err3); err != nil {
+				return t, fmt.Errorf("%q: %w", sc.Text(), err)
+			}
+			switch {
+			case p[0] == s[0] && p[1] == s[1] && f[6] == f[11]:
+				t.Mismatches[sameRange]++
+				t.SameRangeSizes[int(p[1]-p[0])]++
+			case seqAfter(p[2], uint32(minAck)):
+				t.Mismatches[ackAhead]++
+			default:
+				t.Mismatches[otherRanges]++
+			}
+		case "colo_compare_old_packet":
+			// primary: proto= 6 seq/ack= A/B pdlen= N flags=F age= MS ms
+			if len(f) < 9 {
+				return t, fmt.Errorf("colo_compare_old_packet: %d fields in %q", len(f), sc.Text())
+			}
+			t.Timeouts[strings.TrimSuffix(f[2], ":")+" "+packetKind(f[8], strings.TrimPrefix(f[9], "flags="))]++
+		}
+	}
+	return t, sc.Err()
+}
+
+// packetKind names a TCP packet by its payload length and flags (decimal, as the trace gives them).
+func packetKind(pdlen, flags string) string {
+	fl, err := strconv.Atoi(flags)
+	switch {
+	case err != nil:
+		return "packet (flags " + flags + ")"
+	case pdlen != "0":
+		return "data"
+	case fl&0x04 != 0:
+		return "RST"
+	case fl&0x02 != 0:
+		return "SYN"
+	case fl&0x01 != 0:
+		return "FIN"
+	}
+	return "bare ACK"
+}
+
+func seqEndAck(s string) ([3]uint32, error) {
+	var v [3]uint32
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 {
+		return v, fmt.Errorf("%q is not seq/end/ack", s)
+	}
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return v, err
+		}
+		v[i] = uint32(n)
+	}
+	return v, nil
+}
+
+// seqAfter is TCP's after(): a comes later than b in sequence space.
+func seqAfter(a, b uint32) bool { return int32(b-a) < 0 }
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	t, err := parseColoTrace(f, from, to)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("| forced on | why | count |\n| --- | --- | ---: |\n")
+	for _, kind := range []string{sameRange, otherRanges, ackAhead} {
+		fmt.Fprintf(&b, "| mismatch | %s | %d |\n", kind, t.Mismatches[kind])
+	}
+	var sides []string
+	for k := range t.Timeouts {
+		sides = append(sides, k)
+	}
+	sort.Strings(sides)
+	for _, k := range sides {
+		side, kind, _ := strings.Cut(k, " ")
+		fmt.Fprintf(&b, "| timeout | the %s's %s waited for its counterpart | %d |\n", side, kind, t.Timeouts[k])
+	}
+	var sizes []int
+	for n := range t.SameRangeSizes {
+		sizes = append(sizes, n)
+	}
+	sort.Slice(sizes, func(i, j int) bool { return t.SameRangeSizes[sizes[i]] > t.SameRangeSizes[sizes[j]] })
+	if len(sizes) > 0 {
+		b.WriteString("\nsame-range mismatches by payload size:")
+		for _, n := range sizes[:min(len(sizes), 8)] {
+			fmt.Fprintf(&b, " %d bytes x%d;", n, t.SameRangeSizes[n])
+		}
+		b.WriteString("\n")
+	}
+	_, err = io.WriteString(w, b.String())
+	return err
+}
