@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's ten patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's eleven patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare

@@ -32,9 +32,14 @@ type coloTrace struct {
 
 const (
 	sameRange   = "same bytes of the stream, different payload"
-	ackAhead    = "the primary acknowledged what the secondary had not"
-	otherRanges = "different ranges of the stream"
+	otherCut    = "cut differently, different payload where they overlap"
+	ackAhead    = "cut differently, the primary acknowledged what the secondary had not"
+	behind      = "the secondary's segment starts before the primary's: bytes already released"
+	aheadOfPrim = "the secondary's segment starts after the primary's"
 )
+
+// mismatchKinds are the kinds of failed comparison, in the report's order.
+var mismatchKinds = []string{sameRange, otherCut, ackAhead, behind, aheadOfPrim}
 
 // parseColoTrace reads the trace lines of r whose timestamps fall in [from, to) (zero: no bound).
 func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
@@ -65,17 +70,15 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 			p, err1 := seqEndAck(f[4])
 			s, err2 := seqEndAck(f[9])
 			minAck, err3 := strconv.ParseUint(f[13], 10, 32)
-			if err := firstErr(err1, err2, err3); err != nil {
+			pOff, err4 := strconv.ParseUint(f[6], 10, 16)
+			sOff, err5 := strconv.ParseUint(f[11], 10, 16)
+			if err := firstErr(err1, err2, err3, err4, err5); err != nil {
 				return t, fmt.Errorf("%q: %w", sc.Text(), err)
 			}
-			switch {
-			case p[0] == s[0] && p[1] == s[1] && f[6] == f[11]:
-				t.Mismatches[sameRange]++
+			kind := mismatchKind(p, s, uint32(pOff), uint32(sOff), uint32(minAck))
+			t.Mismatches[kind]++
+			if kind == sameRange {
 				t.SameRangeSizes[int(p[1]-p[0])]++
-			case seqAfter(p[2], uint32(minAck)):
-				t.Mismatches[ackAhead]++
-			default:
-				t.Mismatches[otherRanges]++
 			}
 		case "colo_compare_old_packet":
 			// primary: proto= 6 seq/ack= A/B pdlen= N flags=F age= MS ms
@@ -86,6 +89,23 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 		}
 	}
 	return t, sc.Err()
+}
+
+// mismatchKind says why colo-compare's comparison of the primary's segment p with the secondary's
+// s (each seq, end, ack; compared from their offsets) failed.
+func mismatchKind(p, s [3]uint32, pOff, sOff, minAck uint32) string {
+	pAt, sAt := p[0]+pOff, s[0]+sOff
+	switch {
+	case p[0] == s[0] && p[1] == s[1]:
+		return sameRange
+	case seqAfter(pAt, sAt):
+		return behind
+	case seqAfter(sAt, pAt):
+		return aheadOfPrim
+	case !seqAfter(p[1], s[1]) && seqAfter(p[2], minAck):
+		return ackAhead
+	}
+	return otherCut
 }
 
 // packetKind names a TCP packet by its payload length and flags (decimal, as the trace gives them).
@@ -146,7 +166,7 @@ func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
 	}
 	var b strings.Builder
 	b.WriteString("| forced on | why | count |\n| --- | --- | ---: |\n")
-	for _, kind := range []string{sameRange, otherRanges, ackAhead} {
+	for _, kind := range mismatchKinds {
 		fmt.Fprintf(&b, "| mismatch | %s | %d |\n", kind, t.Mismatches[kind])
 	}
 	var sides []string

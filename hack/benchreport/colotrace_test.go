@@ -16,7 +16,8 @@ const coloTraceSample = `2026-11-27T16:53:31.304580Z colo_compare_old_packet pri
 qemu-system-x86_64: some other line
 2026-11-27T16:54:00.168416Z colo_compare_tcp_miscompare pri seq/end/ack= 1310329563/1310329597/1681197270 offset= 0 sec seq/end/ack= 1310329563/1310329597/1681197270 offset= 0 min_ack= 1681197270
 2026-11-27T16:54:00.200000Z colo_compare_tcp_miscompare pri seq/end/ack= 3827134938/3827134966/1633495389 offset= 0 sec seq/end/ack= 3827134838/3827134938/1633495081 offset= 0 min_ack= 1633495081
-2026-11-27T16:54:01.000000Z colo_compare_tcp_miscompare pri seq/end/ack= 100/200/5 offset= 0 sec seq/end/ack= 50/250/4294967290 offset= 0 min_ack= 4294967290
+2026-11-27T16:54:01.000000Z colo_compare_tcp_miscompare pri seq/end/ack= 100/200/5 offset= 0 sec seq/end/ack= 100/250/4294967290 offset= 0 min_ack= 4294967290
+2026-11-27T16:54:02.000000Z colo_compare_tcp_miscompare pri seq/end/ack= 10/20/1 offset= 0 sec seq/end/ack= 15/30/1 offset= 0 min_ack= 1
 2026-11-27T16:54:07.065306Z colo_compare_old_packet primary: proto= 6 seq/ack= 2754486670/3757196345 pdlen= 0 flags=17 age= 113 ms
 2026-11-27T16:54:07.215880Z colo_compare_old_packet primary: proto= 6 seq/ack= 2754486671/3757196346 pdlen= 0 flags=16 age= 123 ms
 2026-11-27T16:54:08.000000Z colo_compare_old_packet secondary: proto= 6 seq/ack= 1/2 pdlen= 15 flags=25 age= 101 ms
@@ -39,15 +40,16 @@ func TestParseColoTrace(t *testing.T) {
 	}{
 		{
 			name: "every line",
-			// The pair compared twice counts once; an acknowledgement across the wrap of the
-			// sequence space (5 after 4294967290) is ahead.
-			want:         map[string]int{sameRange: 2, otherRanges: 1, ackAhead: 2},
+			// The pair compared twice counts once; the secondary's segment at 1448 of its
+			// payload starts where the primary's does; an acknowledgement across the wrap of
+			// the sequence space (5 after 4294967290) is ahead.
+			want:         map[string]int{sameRange: 2, otherCut: 1, ackAhead: 1, behind: 1, aheadOfPrim: 1},
 			wantSizes:    map[int]int{2896: 1, 34: 1},
 			wantTimeouts: map[string]int{"primary data": 1, "primary FIN": 1, "primary bare ACK": 1, "secondary data": 1},
 		},
 		{
 			name: "a window", from: at("2026-11-27T16:53:34Z"), to: at("2026-11-27T16:54:07Z"),
-			want:         map[string]int{sameRange: 2, ackAhead: 2},
+			want:         map[string]int{sameRange: 2, ackAhead: 1, behind: 1, aheadOfPrim: 1},
 			wantSizes:    map[int]int{2896: 1, 34: 1},
 			wantTimeouts: map[string]int{},
 		},
