@@ -2,22 +2,23 @@ package main
 
 import (
 	"bufio"
+	"cmp"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// colotrace reads a primary QEMU's log, written with the trace events colo_compare_tcp_miscompare
-// and colo_compare_old_packet (VMTIER_TRACE, VMTIER_LOGS), and says why colo-compare forced the
-// checkpoints it forced between from and to: for each TCP comparison that failed, whether both
-// packets covered the same bytes of the stream and still differed (the guests wrote different
-// bytes there), whether they covered different ranges, or whether the primary's packet
-// acknowledged data the secondary had not; for each packet that waited past the compare timeout,
-// its side and whether it carried data.
+// coloTrace is what a primary QEMU's log, written with the trace events
+// colo_compare_tcp_miscompare and colo_compare_old_packet (VMTIER_TRACE, VMTIER_LOGS), says of
+// why colo-compare forced the checkpoints it forced between two times: each TCP comparison that
+// failed, by kind (mismatchKind), and each packet that waited past the compare timeout, by its
+// side and kind (packetKind).
 type coloTrace struct {
 	// Mismatches counts the distinct failed comparisons (one pair of packets is compared again at
 	// each packet that arrives until the checkpoint) by kind.
@@ -25,10 +26,13 @@ type coloTrace struct {
 	// SameRangeSizes counts the payload sizes of the same-range mismatches: a size that repeats
 	// names the reply that differs (a 34-byte SMTP "250 ... queued as ID").
 	SameRangeSizes map[int]int
-	// Timeouts counts the packets that forced a checkpoint on the timeout, by side and kind
-	// ("primary data", "primary FIN", "secondary bare ACK").
-	Timeouts map[string]int
+	// Timeouts counts the packets that forced a checkpoint on the timeout, by side and kind.
+	Timeouts map[timedOut]int
 }
+
+// timedOut is a packet that waited past the compare timeout: its side ("primary", "secondary")
+// and its kind (packetKind: "data", "FIN", "bare ACK"...).
+type timedOut struct{ Side, Kind string }
 
 const (
 	sameRange   = "same bytes of the stream, different payload"
@@ -43,7 +47,7 @@ var mismatchKinds = []string{sameRange, otherCut, ackAhead, behind, aheadOfPrim}
 
 // parseColoTrace reads the trace lines of r whose timestamps fall in [from, to) (zero: no bound).
 func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
-	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[string]int{}}
+	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[timedOut]int{}}
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -72,7 +76,7 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 			minAck, err3 := strconv.ParseUint(f[13], 10, 32)
 			pOff, err4 := strconv.ParseUint(f[6], 10, 16)
 			sOff, err5 := strconv.ParseUint(f[11], 10, 16)
-			if err := firstErr(err1, err2, err3, err4, err5); err != nil {
+			if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 				return t, fmt.Errorf("%q: %w", sc.Text(), err)
 			}
 			kind := mismatchKind(p, s, uint32(pOff), uint32(sOff), uint32(minAck))
@@ -82,10 +86,10 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 			}
 		case "colo_compare_old_packet":
 			// primary: proto= 6 seq/ack= A/B pdlen= N flags=F age= MS ms
-			if len(f) < 9 {
+			if len(f) < 10 {
 				return t, fmt.Errorf("colo_compare_old_packet: %d fields in %q", len(f), sc.Text())
 			}
-			t.Timeouts[strings.TrimSuffix(f[2], ":")+" "+packetKind(f[8], strings.TrimPrefix(f[9], "flags="))]++
+			t.Timeouts[timedOut{strings.TrimSuffix(f[2], ":"), packetKind(f[8], strings.TrimPrefix(f[9], "flags="))}]++
 		}
 	}
 	return t, sc.Err()
@@ -145,15 +149,6 @@ func seqEndAck(s string) ([3]uint32, error) {
 // seqAfter is TCP's after(): a comes later than b in sequence space.
 func seqAfter(a, b uint32) bool { return int32(b-a) < 0 }
 
-func firstErr(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -169,20 +164,15 @@ func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
 	for _, kind := range mismatchKinds {
 		fmt.Fprintf(&b, "| mismatch | %s | %d |\n", kind, t.Mismatches[kind])
 	}
-	var sides []string
-	for k := range t.Timeouts {
-		sides = append(sides, k)
+	timeouts := slices.SortedFunc(maps.Keys(t.Timeouts), func(a, b timedOut) int {
+		return cmp.Or(cmp.Compare(a.Side, b.Side), cmp.Compare(a.Kind, b.Kind))
+	})
+	for _, k := range timeouts {
+		fmt.Fprintf(&b, "| timeout | the %s's %s waited for its counterpart | %d |\n", k.Side, k.Kind, t.Timeouts[k])
 	}
-	sort.Strings(sides)
-	for _, k := range sides {
-		side, kind, _ := strings.Cut(k, " ")
-		fmt.Fprintf(&b, "| timeout | the %s's %s waited for its counterpart | %d |\n", side, kind, t.Timeouts[k])
-	}
-	var sizes []int
-	for n := range t.SameRangeSizes {
-		sizes = append(sizes, n)
-	}
-	sort.Slice(sizes, func(i, j int) bool { return t.SameRangeSizes[sizes[i]] > t.SameRangeSizes[sizes[j]] })
+	sizes := slices.SortedFunc(maps.Keys(t.SameRangeSizes), func(a, b int) int {
+		return cmp.Compare(t.SameRangeSizes[b], t.SameRangeSizes[a]) // the most frequent first
+	})
 	if len(sizes) > 0 {
 		b.WriteString("\nsame-range mismatches by payload size:")
 		for _, n := range sizes[:min(len(sizes), 8)] {

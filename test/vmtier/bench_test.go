@@ -111,6 +111,7 @@ type window struct {
 	bytesPerSec           float64
 	requests              int
 	checkpointsPerSecond  float64
+	start                 time.Time // when the window began; it lasted elapsed
 	elapsed               time.Duration
 	// longestGap is the longest time in the window without a checkpoint (from its start to the
 	// first, between two, from the last to its end).
@@ -156,7 +157,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 		}
 	}
 	elapsed := time.Since(start)
-	w.elapsed = elapsed
+	w.start, w.elapsed = start, elapsed
 	after := p.engine.Streams()
 	w.streamMBps = map[string]float64{}
 	for s, b := range p.engine.StreamBytes() {

@@ -148,11 +148,11 @@ func BenchmarkWorkloads(b *testing.B) {
 			var err error
 			do := func() { ms, err = w.Run(ctx, env) }
 			if protected {
-				from := time.Now().UTC()
-				windows[w.Name] = c.measure(p, 0, do)
+				win := c.measure(p, 0, do)
+				windows[w.Name] = win
 				// for benchreport -colotrace -from -to, on a trace kept by VMTIER_LOGS
-				b.Logf("%s protected from %s to %s", w.Name, from.Format(time.RFC3339Nano), time.Now().UTC().Format(time.RFC3339Nano))
-				c.stillProtected(b, p, w.Name, windows[w.Name])
+				b.Logf("%s protected from %s to %s", w.Name, win.start.UTC().Format(time.RFC3339Nano), win.start.Add(win.elapsed).UTC().Format(time.RFC3339Nano))
+				c.stillProtected(b, p, w.Name, win)
 			} else {
 				do()
 			}
