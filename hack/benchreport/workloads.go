@@ -57,6 +57,7 @@ func table(w io.Writer, r workloads.Report) error {
 			row.Kept(), goal(row), p.CheckpointsPerSecond, p.OnMismatch, p.OnTimeout, p.LogMBps, p.PauseP50Ms, p.PauseP90Ms, paper)
 	}
 	streams(&b, r)
+	cpu(&b, r)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -82,6 +83,29 @@ func streams(b *strings.Builder, r workloads.Report) {
 			fmt.Fprintf(b, " %.2f |", v)
 		}
 		fmt.Fprintf(b, " %.2f |\n", all)
+	}
+}
+
+// cpu writes, for each workload, what it used of the host's cores in each run: the whole host,
+// the VM's QEMU, its secondary's, and what the relays added (reports before they were measured
+// have none, and get no table).
+func cpu(b *strings.Builder, r workloads.Report) {
+	seen, header := map[string]bool{}, false
+	for _, row := range r.Rows {
+		c := row.CPU
+		if seen[row.Workload] || c.Cores == 0 {
+			continue
+		}
+		seen[row.Workload] = true
+		if !header {
+			fmt.Fprintf(b, "\nThe host's cores during each run (busy cores of %d: 1 is one core busy all along): the whole host, the VM's QEMU, "+
+				"the secondary's QEMU, and what the relays (both nodes' lockstepd, in the benchmark's process) used beyond the unprotected run.\n\n"+
+				"| workload | the host, unprotected | the host, protected | the VM's QEMU, unprotected | the primary's QEMU | the secondary's QEMU | the relays |\n"+
+				"| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n", c.Cores)
+			header = true
+		}
+		fmt.Fprintf(b, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+			row.Workload, c.HostUnprotected, c.HostProtected, c.PrimaryUnprotected, c.Primary, c.Secondary, c.Relays-c.RelaysUnprotected)
 	}
 }
 

@@ -134,8 +134,15 @@ func BenchmarkWorkloads(b *testing.B) {
 	c, p := bootWithApps(b, 2, vcpus)
 	env := c.workloadEnv(b, span, false)
 	ctx := context.Background()
-	measureAll := func(protected bool) (map[string][]workloads.Measure, map[string]window) {
-		results, windows := map[string][]workloads.Measure{}, map[string]window{}
+	// measureAll runs every row, protected where s (the secondary) is set; it returns each row's
+	// measures, the protection's window and the CPU the host, the QEMUs and the relays used.
+	measureAll := func(s *member) (map[string][]workloads.Measure, map[string]window, map[string][]float64) {
+		protected := s != nil
+		results, windows, cpu := map[string][]workloads.Measure{}, map[string]window{}, map[string][]float64{}
+		pids := []int{p.pid, os.Getpid()}
+		if protected {
+			pids = append(pids, s.pid)
+		}
 		for _, w := range run { // each side starts from the same tables and files
 			if w.Setup != nil {
 				if err := w.Setup(ctx, env); err != nil {
@@ -147,6 +154,7 @@ func BenchmarkWorkloads(b *testing.B) {
 			var ms []workloads.Measure
 			var err error
 			do := func() { ms, err = w.Run(ctx, env) }
+			meter := startCPUMeter(pids...)
 			if protected {
 				win := c.measure(p, 0, do)
 				windows[w.Name] = win
@@ -156,6 +164,8 @@ func BenchmarkWorkloads(b *testing.B) {
 			} else {
 				do()
 			}
+			host, procs := meter.read()
+			cpu[w.Name] = append([]float64{host}, procs...)
 			if err == nil {
 				err = workloads.Check(w, ms)
 			}
@@ -165,13 +175,13 @@ func BenchmarkWorkloads(b *testing.B) {
 			b.Logf("%s, protected %v: %v", w.Name, protected, ms)
 			results[w.Name] = ms
 		}
-		return results, windows
+		return results, windows, cpu
 	}
-	alone, _ := measureAll(false)
+	alone, _, cpuAlone := measureAll(nil)
 	start := time.Now()
-	c.protect(p, c.nodes[1])
+	s := c.protect(p, c.nodes[1])
 	b.Logf("protected %s after the secondary started", time.Since(start).Round(time.Millisecond))
-	ft, windows := measureAll(true)
+	ft, windows, cpuFT := measureAll(s)
 
 	report := workloads.Report{
 		Date: time.Now().UTC().Format(time.RFC3339), Commit: commit(), Machine: machine(),
@@ -181,11 +191,16 @@ func BenchmarkWorkloads(b *testing.B) {
 	}
 	for _, w := range run {
 		win := windows[w.Name]
+		a, f := cpuAlone[w.Name], cpuFT[w.Name] // host, primary, relays (, secondary)
+		cpu := workloads.CPU{Cores: runtime.NumCPU(), HostUnprotected: a[0], PrimaryUnprotected: a[1], RelaysUnprotected: a[2],
+			HostProtected: f[0], Primary: f[1], Relays: f[2], Secondary: f[3]}
+		b.Logf("%-22s CPU (cores of %d): the host %.2f -> %.2f; the primary's QEMU %.2f -> %.2f, the secondary's %.2f, the relays %.2f -> %.2f",
+			w.Name, cpu.Cores, cpu.HostUnprotected, cpu.HostProtected, cpu.PrimaryUnprotected, cpu.Primary, cpu.Secondary, cpu.RelaysUnprotected, cpu.Relays)
 		for i, m := range alone[w.Name] {
 			row := workloads.Row{Workload: w.Name, Title: w.Title, Paper: w.Paper, Measure: m, Unprotected: m.Value, Protected: ft[w.Name][i].Value,
 				Protection: workloads.Window{Seconds: win.elapsed.Seconds(), Checkpoints: win.checkpoints, CheckpointsPerSecond: win.checkpointsPerSecond,
 					OnMismatch: win.onMismatch, OnTimeout: win.onTimeout, LogMBps: win.bytesPerSec / 1e6, StreamMBps: win.streamMBps,
-					PauseP50Ms: ms(win.pauseP50), PauseP90Ms: ms(win.pauseP90)}}
+					PauseP50Ms: ms(win.pauseP50), PauseP90Ms: ms(win.pauseP90)}, CPU: cpu}
 			row.Measure.Value = 0 // the row has both
 			report.Rows = append(report.Rows, row)
 			b.Logf("%-22s %-16s %10.2f -> %10.2f %-6s kept %.2f (goal met: %v); %.2f checkpoints/s (%s), %.1f MB/s to the secondary, %s",

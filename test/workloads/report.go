@@ -28,6 +28,27 @@ type Row struct {
 	Unprotected float64 `json:"unprotected"`
 	Protected   float64 `json:"protected"`
 	Protection  Window  `json:"protection"`
+	// CPU is what the workload's two runs cost the host's cores.
+	CPU CPU `json:"cpu"`
+}
+
+// CPU is what a workload used of the host's cores while it ran, in cores (1: one core busy all
+// along). Where both members share a host, a protected run that keeps every core busy is bound
+// by the secondary's share of them, which members on hosts of their own do not pay.
+type CPU struct {
+	// Cores is how many the host has.
+	Cores int `json:"cores"`
+	// HostUnprotected and HostProtected are the whole host's busy cores in each run.
+	HostUnprotected float64 `json:"hostUnprotected"`
+	HostProtected   float64 `json:"hostProtected"`
+	// PrimaryUnprotected and Primary are the VM's QEMU in each run; Secondary is its secondary's
+	// QEMU. RelaysUnprotected and Relays are the benchmark's own process in each run, in which
+	// both nodes' lockstepd run (and the benchmark's polls of them).
+	PrimaryUnprotected float64 `json:"primaryUnprotected"`
+	Primary            float64 `json:"primary"`
+	Secondary          float64 `json:"secondary"`
+	RelaysUnprotected  float64 `json:"relaysUnprotected"`
+	Relays             float64 `json:"relays"`
 }
 
 // Window is what the protection did while the workload ran protected: its checkpoints and why
