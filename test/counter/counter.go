@@ -58,6 +58,11 @@ func AskDialing(ctx context.Context, ns, addr string, dialTimeout time.Duration)
 		return Reply{}, err
 	}
 	defer func() { _ = c.Close() }()
+	return AskOn(c)
+}
+
+// AskOn sends one request to the counter on the connection c, and reads its reply.
+func AskOn(c net.Conn) (Reply, error) {
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	if _, err := c.Write([]byte("next\n")); err != nil {
 		return Reply{}, err

@@ -257,6 +257,7 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config, token stri
 	if err := os.WriteFile(filepath.Join(tlsDir, "ca.crt"), caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	period, compare := c.colo()
 	args := []string{"netns", "exec", n.ns, bin,
 		// Only the logging interface: lockstepd binds its listeners there and advertises its address.
 		"--node-name", n.name, "--logging-interface", "lg", "--listen-address", ":7000", "--stream-listen-address", ":7001",
@@ -264,7 +265,7 @@ func (c *cluster) runLockstepd(n *node, bin string, cfg *rest.Config, token stri
 		"--tls-cert-file", filepath.Join(tlsDir, "tls.crt"), "--tls-key-file", filepath.Join(tlsDir, "tls.key"), "--tls-ca-file", filepath.Join(tlsDir, "ca.crt"),
 		"--heartbeat", heartbeat.String(), "--timeout", timeout.String(), "--detect", detect.String(), "--claim-timeout", "2s",
 		"--status-interval", "500ms", "--metrics-bind-address", "127.0.0.1:9410", "--health-probe-bind-address", "127.0.0.1:9411",
-		"--colo-checkpoint", checkpoint.String(), "--colo-compare-timeout", compareTimeout().String(), "--colo-ram-ahead=" + strconv.FormatBool(ramAhead),
+		"--colo-checkpoint", period.String(), "--colo-compare-timeout", compare.String(), "--colo-ram-ahead=" + strconv.FormatBool(ramAhead),
 	}
 	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)

@@ -69,7 +69,7 @@ func newDebianGuest(t testing.TB, workloads bool) *debianGuest {
 func (g *debianGuest) vm(qemu, dir, name string) colo.VM {
 	return colo.VM{
 		Firmware: []string{filepath.Join(qemu, "firmware", "qemu"), filepath.Join(qemu, "firmware", "seabios")},
-		MemoryMB: debianMemoryMB, Tap: "tap0", MAC: "52:54:00:12:34:56",
+		MemoryMB: debianMemoryMB, Tap: "tap0", MAC: guestMAC,
 		QMP: filepath.Join(dir, name+".qmp"), Serial: filepath.Join(dir, name+".console"),
 	}
 }

@@ -45,13 +45,16 @@ func build(t testing.TB, script string, env ...string) string {
 	return string(regexp.MustCompile(`\s+$`).ReplaceAll(out, nil))
 }
 
+// guestMAC is the MAC address of the VM's NIC, whichever guest it runs.
+const guestMAC = "52:54:00:12:34:56"
+
 // guestVM is the counter guest with address addr/24, its QMP socket and console in dir.
 func guestVM(qemu, guest, dir, name, addr string) colo.VM {
 	return colo.VM{
 		Firmware: []string{filepath.Join(qemu, "firmware", "qemu"), filepath.Join(qemu, "firmware", "seabios")},
 		Kernel:   filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
 		Append: "console=ttyS0 panic=-1 quiet lockstep.ip=" + addr + "/24", MemoryMB: 256,
-		Tap: "tap0", MAC: "52:54:00:12:34:56",
+		Tap: "tap0", MAC: guestMAC,
 		QMP: filepath.Join(dir, name+".qmp"), Serial: filepath.Join(dir, name+".console"),
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/colo"
+	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd"
 	"github.com/lockstep-dev/lockstep/internal/lockstepd/coloengine"
@@ -104,6 +105,21 @@ type cluster struct {
 	attachedAt               time.Time // when the VM's network last moved to a node
 	// trace: QEMU trace patterns every member runs with (besides VMTIER_TRACE's).
 	trace []string
+	// period and compareTimeout are the pair's checkpoint period and colo-compare timeout where
+	// a scenario sets its own (0: checkpoint and compareTimeout()).
+	period, compareTimeout time.Duration
+}
+
+// colo is the COLO timing of the cluster's pair: its checkpoint period and colo-compare timeout.
+func (c *cluster) colo() (period, compare time.Duration) {
+	period, compare = checkpoint, compareTimeout()
+	if c.period != 0 {
+		period = c.period
+	}
+	if c.compareTimeout != 0 {
+		compare = c.compareTimeout
+	}
+	return period, compare
 }
 
 // node is a node namespace with its lockstepd's Node (internal/lockstepd): the FT log and stream
@@ -235,11 +251,15 @@ func (c *cluster) startNode(n *node) {
 	cfg.PaceThreshold = 0
 	n.lsd = &lockstepd.Node{
 		Config: cfg, TLS: c.ca.TLSConfig(t, n.name), Dial: dialFrom(n),
-		NewEngine: coloengine.Factory(coloengine.Options{
-			Checkpoint: checkpoint, CompareTimeout: compareTimeout(), RAMAhead: ramAhead,
-			AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
-			OnCheckpoint:  func(_ lockstepd.MemberSpec, cp colo.Checkpoint) { c.recordCheckpoint(cp) },
-		}),
+		// The engine's timing is read when a member starts, after a scenario's setup set it.
+		NewEngine: func(env lockstepd.EngineEnv) (engine.Engine, error) {
+			period, compare := c.colo()
+			return coloengine.Factory(coloengine.Options{
+				Checkpoint: period, CompareTimeout: compare, RAMAhead: ramAhead,
+				AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
+				OnCheckpoint:  func(_ lockstepd.MemberSpec, cp colo.Checkpoint) { c.recordCheckpoint(cp) },
+			})(env)
+		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel

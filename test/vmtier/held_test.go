@@ -1,0 +1,161 @@
+//go:build linux && vmtier
+
+package vmtier
+
+import (
+	"context"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/counter"
+)
+
+// TestColoSecondaryAnswersWhatCameWhileStopped: a packet for the guest that reaches the secondary
+// while its VM is stopped, as it is at every checkpoint while it loads the state, waited in
+// filter-rewriter's queue until the next packet came through. The secondary's guest answered
+// nothing, and colo-compare held the primary's reply until its timeout forced a checkpoint: most of
+// the mail benchmark's forced checkpoints came so (docs/performance.md). lockstep's QEMU delivers
+// what the filter held once the VM runs (hack/qemu/filter-rewriter-flush-on-vm-start.patch).
+//
+// The pair checkpoints and times out only after 30 s, and the client's route to the guest
+// retransmits only after 5 s, so nothing but the secondary's own answer can release the reply in
+// time. With the secondary stopped, the client sends a request, which reaches the secondary's
+// filter; the secondary runs again and must answer by itself: the reply leaves with no checkpoint
+// before it, and the client has it without having sent the request twice.
+func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
+	c, cl, _, s := protectedPairOf(t, 2, direct, busybox, func(c *cluster) {
+		c.period, c.compareTimeout = 30*time.Second, 30*time.Second
+		c.trace = append(c.trace, "colo_filter_rewriter_pkt_info")
+	})
+	ip(t, "-n", c.client, "route", "add", c.vmAddr+"/32", "dev", c.clientIf, "rto_min", "5s")
+	// An ARP packet is one colo-compare cannot compare: it holds it and checkpoints. The client's
+	// entry for the guest is static, so that the client sends none in the measured exchange.
+	ip(t, "-n", c.client, "neigh", "replace", c.vmAddr, "lladdr", guestMAC, "nud", "permanent", "dev", c.clientIf)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := testnet.DialContext(ctx, c.client, "tcp", net.JoinHostPort(c.vmAddr, strconv.Itoa(counter.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	// Any other packet through the filter would deliver the held request too: the connections
+	// of the replies before, still closing, must have gone quiet first.
+	quiet(t, s)
+
+	checkpointsBefore := checkpointsOf(t, s)
+	if err := s.launcher.Execute(ctx, "stop", nil, nil); err != nil {
+		t.Fatalf("stopping the secondary's VM: %v", err)
+	}
+	var status struct {
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
+	}
+	if err := s.launcher.Execute(ctx, "query-status", nil, &status); err != nil || status.Running {
+		t.Fatalf("the secondary's VM is %+v after stop (%v), want it stopped", status, err)
+	}
+	t.Logf("the secondary's VM: %s", status.Status)
+	before := inboundThroughRewriter(t, s)
+	type answer struct {
+		r   counter.Reply
+		err error
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		r, err := counter.AskOn(conn)
+		answers <- answer{r, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); inboundThroughRewriter(t, s) == before; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.dump()
+			t.Fatal("the client's request did not reach the stopped secondary's filter-rewriter in 10 s")
+		}
+	}
+	if err := s.launcher.Execute(ctx, "cont", nil, nil); err != nil {
+		t.Fatalf("starting the secondary's VM again: %v", err)
+	}
+	a := <-answers
+	if a.err != nil {
+		c.dump()
+		t.Fatalf("no reply to the request that reached the stopped secondary: %v", a.err)
+	}
+	if checkpoints := checkpointsOf(t, s) - checkpointsBefore; checkpoints != 0 {
+		c.dump()
+		t.Fatalf("%d checkpoints came before the reply: it was not released on a match with the secondary's", checkpoints)
+	}
+	if n := retransmissions(t, conn); n != 0 {
+		c.dump()
+		t.Fatalf("the client sent its request again (%d retransmissions) before it had the reply: the secondary's guest "+
+			"did not get the request that came while its VM was stopped until the next packet", n)
+	}
+	if a.r.Count != cl.last+1 {
+		t.Fatalf("count %d after %d", a.r.Count, cl.last)
+	}
+	cl.last = a.r.Count
+	cl.next("the pair serves on", time.Minute)
+}
+
+// quiet waits until no packet has passed the member's filter-rewriter for half a second.
+func quiet(t *testing.T, m *member) {
+	last, since := -1, time.Now()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		n := throughRewriter(t, m, "")
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= 500*time.Millisecond {
+			return
+		}
+	}
+	t.Fatal("the secondary's filter-rewriter passed packets for 30 s without a pause")
+}
+
+// checkpointsOf counts the checkpoints the secondary m has begun: it answers each request with a
+// checkpoint-reply before it loads anything, so a checkpoint that released a reply of the
+// primary's is in the count before the client has the reply. (The engine hears of checkpoints
+// later, on the return path.)
+func checkpointsOf(t *testing.T, m *member) int {
+	b, err := os.ReadFile(m.qemuLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "colo_send_message Send 'checkpoint-reply' message")
+}
+
+// inboundThroughRewriter counts the TCP packets for the guest that the member's filter-rewriter
+// has passed (its trace, colo_filter_rewriter_pkt_info).
+func inboundThroughRewriter(t *testing.T, m *member) int {
+	return throughRewriter(t, m, " handle_primary_tcp_pkt")
+}
+
+// throughRewriter counts the lines of the member's filter-rewriter trace that go on with what.
+func throughRewriter(t *testing.T, m *member, what string) int {
+	b, err := os.ReadFile(m.qemuLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "colo_filter_rewriter_pkt_info"+what)
+}
+
+// retransmissions is how many segments the connection's kernel sent again (TCP_INFO).
+func retransmissions(t *testing.T, conn net.Conn) uint32 {
+	raw, err := conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		t.Fatal(err)
+	}
+	if ierr != nil {
+		t.Fatal(ierr)
+	}
+	return info.Total_retrans
+}
