@@ -36,6 +36,19 @@ func TestTableSaysEachRowAndItsGoal(t *testing.T) {
 	}
 }
 
+func TestTableLeavesOutTheCoresOfAReportWithoutThem(t *testing.T) {
+	old := report
+	old.Rows = append([]workloads.Row(nil), report.Rows...)
+	old.Rows[0].CPU = workloads.CPU{} // a report from before the cores were measured
+	var b bytes.Buffer
+	if err := table(&b, old); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "busy cores") {
+		t.Fatalf("the table has a cores table for a report without them:\n%s", b.String())
+	}
+}
+
 func TestChartHasABarForEachRowWithAGoal(t *testing.T) {
 	var b bytes.Buffer
 	if err := chart(&b, report); err != nil {
