@@ -106,7 +106,7 @@ func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
 func quiet(t *testing.T, m *member) {
 	last, since := -1, time.Now()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		n := throughRewriter(t, m, "")
+		n := countInLog(t, m, "colo_filter_rewriter_pkt_info")
 		if n != last {
 			last, since = n, time.Now()
 		} else if time.Since(since) >= 500*time.Millisecond {
@@ -121,26 +121,22 @@ func quiet(t *testing.T, m *member) {
 // primary's is in the count before the client has the reply. (The engine hears of checkpoints
 // later, on the return path.)
 func checkpointsOf(t *testing.T, m *member) int {
-	b, err := os.ReadFile(m.qemuLog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Count(string(b), "colo_send_message Send 'checkpoint-reply' message")
+	return countInLog(t, m, "colo_send_message Send 'checkpoint-reply' message")
 }
 
 // inboundThroughRewriter counts the TCP packets for the guest that the member's filter-rewriter
 // has passed (its trace, colo_filter_rewriter_pkt_info).
 func inboundThroughRewriter(t *testing.T, m *member) int {
-	return throughRewriter(t, m, " handle_primary_tcp_pkt")
+	return countInLog(t, m, "colo_filter_rewriter_pkt_info handle_primary_tcp_pkt")
 }
 
-// throughRewriter counts the lines of the member's filter-rewriter trace that go on with what.
-func throughRewriter(t *testing.T, m *member, what string) int {
+// countInLog counts what the member's QEMU log (its trace so far) holds of s.
+func countInLog(t *testing.T, m *member, s string) int {
 	b, err := os.ReadFile(m.qemuLog)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(b), "colo_filter_rewriter_pkt_info"+what)
+	return strings.Count(string(b), s)
 }
 
 // retransmissions is how many segments the connection's kernel sent again (TCP_INFO).
