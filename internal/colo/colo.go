@@ -230,11 +230,10 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 	}
 	var steps []step
 	for i := range disks {
-		if _, err := q.HMP(ctx, "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path="+
-			s.Path(StreamNBD)+",file.export="+parentNode(i)+",node-name="+replicationNode(i)); err != nil {
+		if _, err := q.HMP(ctx, ReplicationDriveAdd(s, i)); err != nil {
 			return err
 		}
-		steps = append(steps, step{"x-blockdev-change", map[string]any{"parent": DiskNode(i), "node": replicationNode(i)}})
+		steps = append(steps, step{"x-blockdev-change", map[string]any{"parent": DiskNode(i), "node": ReplicationNode(i)}})
 	}
 	filter := func(typ, id string, kv ...string) step {
 		args := map[string]any{"qom-type": typ, "id": id, "netdev": netdev, "vnet_hdr_support": true}
@@ -259,9 +258,18 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 	}...))
 }
 
-// replicationNode is the primary's replication child of its i-th disk, which writes to the
+// ReplicationNode is the primary's replication child of its i-th disk, which writes to the
 // secondary's replica over NBD.
-func replicationNode(i int) string { return "replication" + strconv.Itoa(i) }
+func ReplicationNode(i int) string { return "replication" + strconv.Itoa(i) }
+
+// ReplicationDriveAdd is the HMP command that makes the primary's replication child of its i-th
+// disk: the NBD client of the secondary's parent<i> export over the NBD stream's socket, which
+// StartPrimary then makes the second child of the quorum DiskNode(i). lockstep's QEMU completes
+// a write there once it is copied and sends the copy behind it (docs/colo.md, patches 13 and 14).
+func ReplicationDriveAdd(s Sockets, i int) string {
+	return "drive_add -n buddy driver=replication,mode=primary,file.driver=nbd,file.server.type=unix,file.server.path=" +
+		s.Path(StreamNBD) + ",file.export=" + parentNode(i) + ",node-name=" + ReplicationNode(i)
+}
 
 // PrimaryCapabilities checks that the primary's QEMU takes the migration capabilities t needs,
 // and sets them; StartPrimary sets them again. Called before a protection changes anything, so
@@ -412,7 +420,7 @@ func PrimaryGoAlone(ctx context.Context, q *qmp.Conn, disks int) error {
 	var steps []step
 	for i := range disks {
 		steps = append(steps, step{"x-blockdev-change", map[string]any{"parent": DiskNode(i), "child": "children.1"}},
-			step{"human-monitor-command", map[string]any{"command-line": "drive_del " + replicationNode(i)}})
+			step{"human-monitor-command", map[string]any{"command-line": "drive_del " + ReplicationNode(i)}})
 	}
 	return run(ctx, q, "primary go-alone", true, append(steps, []step{
 		{"object-del", map[string]any{"id": compareID}},
