@@ -116,6 +116,28 @@ func reserveRAMCache(spec *virtv1.VirtualMachineInstanceSpec) {
 	spec.Domain.Resources.Limits[corev1.ResourceMemory] = both.DeepCopy()
 }
 
+// WriteBehindPerDisk is what lockstep's QEMU may hold, per replicated disk, of a primary's writes
+// that completed before the secondary had them (REPLICATION_WRITE_BEHIND_MAX in
+// hack/qemu/replication-primary-write-behind.patch): memory beyond KubeVirt's estimate of QEMU's
+// overhead.
+const WriteBehindPerDisk = 16 << 20
+
+// reserveWriteBehind adds WriteBehindPerDisk for each replicated disk to a member's memory
+// request and limit (the guest's memory stays its own: reserveInFull names it). Every member
+// reserves it: a secondary becomes the primary at a failover, and its pod's limits do not change.
+func reserveWriteBehind(spec *virtv1.VirtualMachineInstanceSpec) {
+	disks, err := ReplicatedDisks(spec)
+	if err != nil {
+		return // applyCOLO refuses such a VM
+	}
+	held := resource.NewQuantity(int64(len(disks))*WriteBehindPerDisk, resource.BinarySI)
+	for _, l := range []corev1.ResourceList{spec.Domain.Resources.Requests, spec.Domain.Resources.Limits} {
+		m := l[corev1.ResourceMemory]
+		m.Add(*held)
+		l[corev1.ResourceMemory] = m
+	}
+}
+
 // sameCPU gives the guest a CPU model that both members can show it: the template's, or
 // CPUModel. host-passthrough is refused: COLO moves the VM's state between two nodes' CPUs.
 func sameCPU(spec *virtv1.VirtualMachineInstanceSpec, model string) error {

@@ -68,15 +68,18 @@ func TestCOLOMembers(t *testing.T) {
 		}
 	}
 	guest, _ := GuestMemory(&tmpl.Spec)
-	cache := guest.DeepCopy()
-	cache.Add(guest)
+	// Every member reserves the writes its QEMU may hold for the secondary, per replicated disk.
+	primary := guest.DeepCopy()
+	primary.Add(*resource.NewQuantity(int64(len(disks))*WriteBehindPerDisk, resource.BinarySI))
+	secondary := primary.DeepCopy()
+	secondary.Add(guest)
 	for _, c := range []struct {
 		vmi  *virtv1.VirtualMachineInstance
 		want resource.Quantity
-	}{{p, guest}, {s, cache}} {
+	}{{p, primary}, {s, secondary}} {
 		res := c.vmi.Spec.Domain.Resources
 		if res.Requests.Memory().Cmp(c.want) != 0 || res.Limits.Memory().Cmp(c.want) != 0 || c.vmi.Spec.Domain.Memory.Guest.Cmp(guest) != 0 {
-			t.Errorf("%s: memory request %s, limit %s, guest %s; want %s reserved (the secondary's RAM cache too) and the guest's %s",
+			t.Errorf("%s: memory request %s, limit %s, guest %s; want %s reserved (the secondary's RAM cache too, and the writes behind) and the guest's %s",
 				c.vmi.Labels[ftv1.LabelRole], res.Requests.Memory(), res.Limits.Memory(), c.vmi.Spec.Domain.Memory.Guest, c.want.String(), guest.String())
 		}
 	}

@@ -224,13 +224,17 @@ func reserveInFull(spec *virtv1.VirtualMachineInstanceSpec, opts Options) {
 	}
 }
 
-// reserve is a member's reservation: the template's resources in full, and on a COLO secondary
-// its RAM cache too. Build and LauncherRequests both size a member by it, so that a member is
-// placed at the size it is built.
+// reserve is a member's reservation: the template's resources in full, on a COLO secondary its
+// RAM cache too, and on every COLO member the disk writes its QEMU may hold for the secondary.
+// Build and LauncherRequests both size a member by it, so that a member is placed at the size it
+// is built.
 func reserve(spec *virtv1.VirtualMachineInstanceSpec, role string, opts Options) {
 	reserveInFull(spec, opts)
 	if opts.COLO.Enabled && role == ftv1.RoleSecondary {
 		reserveRAMCache(spec)
+	}
+	if opts.COLO.Enabled {
+		reserveWriteBehind(spec)
 	}
 }
 
