@@ -230,12 +230,13 @@ func reserveInFull(spec *virtv1.VirtualMachineInstanceSpec, opts Options) {
 // is built.
 func reserve(spec *virtv1.VirtualMachineInstanceSpec, role string, opts Options) {
 	reserveInFull(spec, opts)
-	if opts.COLO.Enabled && role == ftv1.RoleSecondary {
-		reserveRAMCache(spec)
+	if !opts.COLO.Enabled {
+		return
 	}
-	if opts.COLO.Enabled {
-		reserveWriteBehind(spec)
+	if role == ftv1.RoleSecondary {
+		reserveRAMCache(spec) // sets the request and limit: before what is added to them
 	}
+	reserveWriteBehind(spec)
 }
 
 // LauncherRequests is what the launcher pod of a member built from tmpl in role will request of

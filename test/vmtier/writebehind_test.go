@@ -38,9 +38,7 @@ func TestReplicationPrimaryWritesBehind(t *testing.T) {
 	dir := t.TempDir()
 	local, remote := filepath.Join(dir, "local.raw"), filepath.Join(dir, "secondary.raw")
 	for _, f := range []string{local, remote} {
-		if out, err := exec.Command(filepath.Join(qemu, "bin", "qemu-img"), "create", "-f", "raw", f, "4M").CombinedOutput(); err != nil {
-			t.Fatalf("qemu-img: %v\n%s", err, out)
-		}
+		qemuImg(t, qemu, "create", "-f", "raw", f, "4M")
 	}
 	sockets := colo.Sockets{Dir: dir}
 	nbdSock := sockets.Path(colo.StreamNBD)
