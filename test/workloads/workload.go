@@ -73,7 +73,7 @@ func All() []Workload {
 		iperfReceive, iperfTransmit, streamTransmit,
 		sockperfPingPong,
 		fioRow("randread", 2), fioRow("randwrite", 2), fioRow("randread", 64), fioRow("randwrite", 64),
-		pgbench,
+		pgbench, pgbenchSimpleUpdate,
 		sendMail,
 	}
 }
