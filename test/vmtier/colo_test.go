@@ -357,16 +357,27 @@ func (c *cluster) clientIPv6() {
 	ip(c.t, "-n", c.client, "addr", "add", "fe80::1/64", "dev", c.clientIf, "nodad")
 }
 
+// unparsedHeldBy is how many packets of its guest's the primary p's colo-compare has held until a
+// checkpoint because it cannot compare them (IPv6, ARP).
+func unparsedHeldBy(t testing.TB, p *member) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var held uint64
+	if err := p.launcher.Execute(ctx, "qom-get", map[string]any{"path": "/objects/comp0", "property": "x-unparsed-held"}, &held); err != nil {
+		t.Fatalf("colo-compare's x-unparsed-held: %v", err)
+	}
+	return held
+}
+
 // unparsedHeld is how many packets of the primary p colo-compare held until a checkpoint because
 // it could not compare them (IPv6, ARP), and fails the test if there were none, or if p's
 // lockstepd does not report them (and the checkpoints they forced) once a checkpoint has passed.
 func (c *cluster) unparsedHeld(p *member) uint64 {
 	c.t.Helper()
-	var held uint64
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.launcher.Execute(ctx, "qom-get", map[string]any{"path": "/objects/comp0", "property": "x-unparsed-held"}, &held); err != nil || held == 0 {
-		c.t.Fatalf("colo-compare held %d packets it could not compare (%v), want the guest's IPv6", held, err)
+	held := unparsedHeldBy(c.t, p)
+	if held == 0 {
+		c.t.Fatalf("colo-compare held no packets it could not compare, want the guest's IPv6")
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		st := p.agent.Status()

@@ -30,8 +30,13 @@ import (
 // time. With the secondary stopped, the client sends a request, which reaches the secondary's
 // filter; the secondary runs again and must answer by itself: the reply leaves with no checkpoint
 // before it, and the client has it without having sent the request twice.
+//
+// The guest's own IPv6 and ARP packets (router solicitations, MLD reports) are held until a
+// checkpoint, which they force at once (hack/qemu/colo-compare-unparsed-held.patch). Such a
+// checkpoint would release the reply too, and hide a secondary that did not answer, so a trial
+// that one falls into proves nothing and is run again (CI saw one, 2026-11-28).
 func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
-	c, cl, _, s := protectedPairOf(t, 2, direct, busybox, func(c *cluster) {
+	c, cl, p, s := protectedPairOf(t, 2, direct, busybox, func(c *cluster) {
 		c.period, c.compareTimeout = 30*time.Second, 30*time.Second
 		c.trace = append(c.trace, "colo_filter_rewriter_pkt_info")
 	})
@@ -39,6 +44,25 @@ func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
 	// An ARP packet is one colo-compare cannot compare: it holds it and checkpoints. The client's
 	// entry for the guest is static, so that the client sends none in the measured exchange.
 	ip(t, "-n", c.client, "neigh", "replace", c.vmAddr, "lladdr", guestMAC, "nud", "permanent", "dev", c.clientIf)
+	const trials = 4
+	for trial := 1; ; trial++ {
+		if answeredByItself(t, c, cl, p, s) {
+			break
+		}
+		if trial == trials {
+			t.Fatalf("in each of %d trials the primary's guest sent a packet that colo-compare cannot compare, "+
+				"and its checkpoint released the reply", trials)
+		}
+		t.Logf("trial %d: the primary's guest sent a packet that colo-compare cannot compare, and the checkpoint "+
+			"it forced released the reply: again", trial)
+	}
+	cl.next("the pair serves on", time.Minute)
+}
+
+// answeredByItself runs one trial of TestColoSecondaryAnswersWhatCameWhileStopped on a new
+// connection, and says false when a checkpoint that the primary's own uncomparable output forced
+// came before the reply, so that the trial proves nothing.
+func answeredByItself(t *testing.T, c *cluster, cl *client, p, s *member) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, err := testnet.DialContext(ctx, c.client, "tcp", net.JoinHostPort(c.vmAddr, strconv.Itoa(counter.Port)))
@@ -50,7 +74,7 @@ func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
 	// of the replies before, still closing, must have gone quiet first.
 	quiet(t, s)
 
-	checkpointsBefore := checkpointsOf(t, s)
+	checkpointsBefore, heldBefore := checkpointsOf(t, s), unparsedHeldBy(t, p)
 	if err := s.launcher.Execute(ctx, "stop", nil, nil); err != nil {
 		t.Fatalf("stopping the secondary's VM: %v", err)
 	}
@@ -86,7 +110,15 @@ func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
 		c.dump()
 		t.Fatalf("no reply to the request that reached the stopped secondary: %v", a.err)
 	}
+	if a.r.Count != cl.last+1 {
+		t.Fatalf("count %d after %d", a.r.Count, cl.last)
+	}
+	cl.last = a.r.Count
 	if checkpoints := checkpointsOf(t, s) - checkpointsBefore; checkpoints != 0 {
+		if held := unparsedHeldBy(t, p) - heldBefore; held != 0 {
+			t.Logf("%d checkpoints and %d packets held for one came before the reply", checkpoints, held)
+			return false
+		}
 		c.dump()
 		t.Fatalf("%d checkpoints came before the reply: it was not released on a match with the secondary's", checkpoints)
 	}
@@ -95,11 +127,7 @@ func TestColoSecondaryAnswersWhatCameWhileStopped(t *testing.T) {
 		t.Fatalf("the client sent its request again (%d retransmissions) before it had the reply: the secondary's guest "+
 			"did not get the request that came while its VM was stopped until the next packet", n)
 	}
-	if a.r.Count != cl.last+1 {
-		t.Fatalf("count %d after %d", a.r.Count, cl.last)
-	}
-	cl.last = a.r.Count
-	cl.next("the pair serves on", time.Minute)
+	return true
 }
 
 // quiet waits until no packet has passed the member's filter-rewriter for half a second.
