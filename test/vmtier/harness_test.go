@@ -108,6 +108,9 @@ type cluster struct {
 	// period and compareTimeout are the pair's checkpoint period and colo-compare timeout where
 	// a scenario sets its own (0: checkpoint and compareTimeout()).
 	period, compareTimeout time.Duration
+	// guestNoIPv6 boots the busybox guest with IPv6 off: none of its router solicitations and
+	// MLD reports, which colo-compare cannot compare and forces a checkpoint for.
+	guestNoIPv6 bool
 }
 
 // colo is the COLO timing of the cluster's pair: its checkpoint period and colo-compare timeout.
@@ -365,6 +368,9 @@ func (c *cluster) launch(m *member) {
 		t.Fatal(err)
 	}
 	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)
+	if c.guestNoIPv6 {
+		m.vm.Append += " ipv6.disable=1"
+	}
 	if c.debian != nil {
 		m.vm = c.debian.vm(c.qemu, m.dir, "launcher")
 	}
