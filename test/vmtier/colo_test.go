@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 )
@@ -375,17 +376,17 @@ func (c *cluster) clientIPv6() {
 	ip(c.t, "-n", c.client, "addr", "add", "fe80::1/64", "dev", c.clientIf, "nodad")
 }
 
-// unparsedHeldBy is how many packets of its guest's the primary p's colo-compare has held until a
-// checkpoint because it cannot compare them (IPv6, ARP).
-func unparsedHeldBy(t testing.TB, p *member) uint64 {
+// causesOf reads the primary p's colo-compare counts: the checkpoints it asked for, by cause, and
+// the packets it held until a checkpoint because it cannot compare them (IPv6, ARP).
+func causesOf(t testing.TB, p *member) colo.Causes {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var held uint64
-	if err := p.launcher.Execute(ctx, "qom-get", map[string]any{"path": "/objects/comp0", "property": "x-unparsed-held"}, &held); err != nil {
-		t.Fatalf("colo-compare's x-unparsed-held: %v", err)
+	causes, err := colo.CompareCauses(ctx, p.launcher)
+	if err != nil {
+		t.Fatalf("colo-compare's counts: %v", err)
 	}
-	return held
+	return causes
 }
 
 // unparsedHeld is how many packets of the primary p colo-compare held until a checkpoint because
@@ -393,7 +394,7 @@ func unparsedHeldBy(t testing.TB, p *member) uint64 {
 // lockstepd does not report them (and the checkpoints they forced) once a checkpoint has passed.
 func (c *cluster) unparsedHeld(p *member) uint64 {
 	c.t.Helper()
-	held := unparsedHeldBy(c.t, p)
+	held := causesOf(c.t, p).Held
 	if held == 0 {
 		c.t.Fatalf("colo-compare held no packets it could not compare, want the guest's IPv6")
 	}

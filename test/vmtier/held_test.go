@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lockstep-dev/lockstep/internal/colo"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 	"github.com/lockstep-dev/lockstep/test/counter"
 )
@@ -85,17 +84,6 @@ func answersWhatCameWhileStopped(t *testing.T, duringLoad bool) {
 			"it forced came before the reply: again", trial)
 	}
 	cl.next("the pair serves on", time.Minute)
-}
-
-// causesOf reads the primary p's colo-compare counts of the checkpoints it asked for, by cause.
-func causesOf(t *testing.T, p *member) colo.Causes {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	causes, err := colo.CompareCauses(ctx, p.launcher)
-	if err != nil {
-		t.Fatalf("colo-compare's counts: %v", err)
-	}
-	return causes
 }
 
 // retransmitAfter is the client's shortest retransmission timeout to the guest in
