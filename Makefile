@@ -182,7 +182,7 @@ bench: envtest-assets test-crds vm-assets libvirt-assets ## Data-plane benchmark
 	  go test -tags fullstack -run '^$$' -bench FullStackFailover -benchtime 1x -timeout 60m -v ./test/fullstack/; } | go run ./hack/benchreport
 
 .PHONY: bench-workloads
-bench-workloads: vm-assets libvirt-assets debian-guest-assets ## What protection costs real workloads, the white paper's table (docs/performance.md): a C build, iperf3 both ways, a stream written once (dd to a socket), sockperf ping-pong, fio random reads and writes at 2 and 64 KiB, pgbench on PostgreSQL, Send Mail under smtp-source on Postfix, in the Debian guest through the libvirt stack, unprotected then protected in one run; WORKLOADS_SPAN (20s) a row, WORKLOADS_VCPUS (1), WORKLOADS_ONLY (names); the report in WORKLOADS_OUT, its table printed and its chart in WORKLOADS_PNG.
+bench-workloads: vm-assets libvirt-assets debian-guest-assets ## What protection costs real workloads, the white paper's table (docs/performance.md): a C build, iperf3 both ways, a stream written once (dd to a socket), sockperf ping-pong, fio random reads and writes at 2 and 64 KiB, pgbench on PostgreSQL, Send Mail under smtp-source on Postfix, in the Debian guest through the libvirt stack, unprotected then protected in one run; WORKLOADS_SPAN (20s) a row, WORKLOADS_VCPUS (1), WORKLOADS_ONLY (names), WORKLOADS_PIN=1 (each member's QEMU on a core of its own); the report in WORKLOADS_OUT, its table printed and its chart in WORKLOADS_PNG.
 	WORKLOADS_OUT=$(WORKLOADS_OUT) go test -tags vmtier -run '^$$' -bench Workloads -benchtime 1x -timeout 60m -v ./test/vmtier/ && \
 	  go run ./hack/benchreport -workloads $(WORKLOADS_OUT) -png $(WORKLOADS_PNG)
 

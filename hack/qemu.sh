@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's fifteen patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's sixteen patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
 # letting the bare TCP packets left over at a connection's end expire instead of forcing a
 # checkpoint for each; colo-compare holding the primary's packets that it cannot compare (IPv6,
-# ARP) until the next checkpoint instead of releasing them at once; the primary resuming once the secondary has received a checkpoint rather
+# ARP) until the next checkpoint instead of releasing them at once, and checkpointing sooner than
+# its timeout when both guests' replies wait for each other; the primary resuming once the secondary has received a checkpoint rather
 # than loaded it, and sending the dirtied RAM ahead of each checkpoint while its VM runs (two
 # shorter pauses); and, on the secondary, the invalidation of the translated code whose pages a
 # checkpoint rewrote (without it the secondary can run code that is no longer in memory), and its

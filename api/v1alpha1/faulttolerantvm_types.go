@@ -592,8 +592,9 @@ type CheckpointStatus struct {
 	PerSecond *resource.Quantity `json:"perSecond,omitempty"`
 
 	// forcedPerSecond is how many of them a second colo-compare forced before the periodic one
-	// was due: mismatchPerSecond, timeoutPerSecond and unparsedPerSecond together, or, with a QEMU
-	// that does not count them, a guess from the time between checkpoints.
+	// was due: mismatchPerSecond, timeoutPerSecond, unparsedPerSecond and crossedPerSecond
+	// together, or, with a QEMU that does not count them, a guess from the time between
+	// checkpoints.
 	// +optional
 	ForcedPerSecond *resource.Quantity `json:"forcedPerSecond,omitempty"`
 
@@ -615,6 +616,14 @@ type CheckpointStatus struct {
 	// (absent when the VM's QEMU does not count causes).
 	// +optional
 	UnparsedPerSecond *resource.Quantity `json:"unparsedPerSecond,omitempty"`
+
+	// crossedPerSecond is how many checkpoints a second colo-compare forced because data of each
+	// side waited for the other's on different connections, longer than lockstepd's
+	// --colo-crossed-wait: the two guests served their clients in a different order and each
+	// holds what the other gave away, as a database's row locks granted differently (absent when
+	// the VM's QEMU does not count causes).
+	// +optional
+	CrossedPerSecond *resource.Quantity `json:"crossedPerSecond,omitempty"`
 }
 
 // FaultTolerantVM runs a KubeVirt VM as a primary and a secondary on two nodes, so that the VM

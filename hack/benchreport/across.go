@@ -33,7 +33,11 @@ func across(w io.Writer, reports []workloads.Report) error {
 	var b strings.Builder
 	b.WriteString("| workload | measure | goal |")
 	for _, r := range reports {
-		fmt.Fprintf(&b, " kept, %s (%s) |", r.Date, r.Commit)
+		pinned := ""
+		if r.Pinned {
+			pinned = ", pinned"
+		}
+		fmt.Fprintf(&b, " kept, %s (%s%s) |", r.Date, r.Commit, pinned)
 	}
 	b.WriteString("\n| --- | --- | --- |" + strings.Repeat(" ---: |", len(reports)) + "\n")
 	for _, row := range allRows(reports) {

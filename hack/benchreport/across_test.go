@@ -19,7 +19,7 @@ func TestAcrossPutsEachRunsKeptSideBySide(t *testing.T) {
 		}
 	}
 	second := &runs[1]
-	second.Date, second.Commit = "2026-11-28", "def5678"
+	second.Date, second.Commit, second.Pinned = "2026-11-28", "def5678", true
 	second.Rows[0].Protected = 180 // 0.90 kept: the goal met this time
 	second.Rows[1].Protection.Checkpoints = 0
 	second.Rows = second.Rows[:2] // its latency p50 not run
@@ -32,7 +32,7 @@ func TestAcrossPutsEachRunsKeptSideBySide(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"| kept, 2026-11-27 (abc1234) | kept, 2026-11-28 (def5678) |",
+		"| kept, 2026-11-27 (abc1234) | kept, 2026-11-28 (def5678, pinned) |",
 		"| oltp | transactions | ≥ 0.80 | 0.60 (missed) | 0.90 |",
 		"| oltp | latency p95 | ≥ 0.67 | 0.80 | no checkpoint: not protected |",
 		"| oltp | latency p50 |  | 0.80 | not run |",

@@ -46,7 +46,7 @@ func chart(w io.Writer, r workloads.Report) error {
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	draw.Draw(img, img.Bounds(), image.NewUniform(white), image.Point{}, draw.Src)
 	text(img, 8, 16, black, fmt.Sprintf("What protection keeps of each workload (protected / unprotected; time rows inverted): %s, %s", r.Date, r.Commit))
-	text(img, 8, 32, grey, r.Machine)
+	text(img, 8, 32, grey, r.Machine+"; "+r.Cores())
 	x0 := labelWidth
 	// The axis at shares 0, 0.5 and 1.
 	for _, s := range []float64{0, 0.5, 1} {

@@ -39,10 +39,10 @@ func workloadsReport(file, png string) error {
 // table writes the report as Markdown: the run, then one line per row.
 func table(w io.Writer, r workloads.Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run of %s, commit %s, on %s; the guest: %s; each timed row %s each way. "+
+	fmt.Fprintf(&b, "Run of %s, commit %s, on %s, %s; the guest: %s; each timed row %s each way. "+
 		"Kept is the share of the unprotected figure that protection keeps: protected/unprotected for a rate, unprotected/protected for a time (1: no cost).\n\n",
-		r.Date, r.Commit, r.Machine, r.Guest, r.Span)
-	b.WriteString("| workload | measure | unprotected | protected | kept | goal | checkpoints/s (forced: mismatch, timeout) | to the secondary | pause p50 / p90 | the white paper |\n")
+		r.Date, r.Commit, r.Machine, r.Cores(), r.Guest, r.Span)
+	b.WriteString("| workload | measure | unprotected | protected | kept | goal | checkpoints/s (forced: mismatch, timeout, crossed) | to the secondary | pause p50 / p90 | the white paper |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- | --- |\n")
 	last := ""
 	for _, row := range r.Rows {
@@ -52,9 +52,9 @@ func table(w io.Writer, r workloads.Report) error {
 		}
 		last = row.Workload
 		p := row.Protection
-		fmt.Fprintf(&b, "| %s | %s | %s %s | %s %s | %.2f | %s | %.2f (%d, %d) | %.1f MB/s | %.0f / %.0f ms | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s %s | %s %s | %.2f | %s | %.2f (%d, %d, %d) | %.1f MB/s | %.0f / %.0f ms | %s |\n",
 			title, row.Measure.Name, num(row.Unprotected), row.Measure.Unit, num(row.Protected), row.Measure.Unit,
-			row.Kept(), goal(row), p.CheckpointsPerSecond, p.OnMismatch, p.OnTimeout, p.LogMBps, p.PauseP50Ms, p.PauseP90Ms, paper)
+			row.Kept(), goal(row), p.CheckpointsPerSecond, p.OnMismatch, p.OnTimeout, p.OnCrossed, p.LogMBps, p.PauseP50Ms, p.PauseP90Ms, paper)
 	}
 	streams(&b, r)
 	cpu(&b, r)

@@ -11,7 +11,7 @@ import (
 
 var report = workloads.Report{Date: "2026-11-27", Commit: "abc1234", Machine: "2 cores", Guest: "Debian 12", Span: "20s", Rows: []workloads.Row{
 	{Workload: "oltp", Title: "OLTP", Paper: "negligible", Measure: workloads.Measure{Name: "transactions", Unit: "tx/s", HigherIsBetter: true, Goal: 0.8}, Unprotected: 200, Protected: 120,
-		Protection: workloads.Window{CheckpointsPerSecond: 3.5, OnMismatch: 40, OnTimeout: 2, LogMBps: 12.5, PauseP50Ms: 30, PauseP90Ms: 80,
+		Protection: workloads.Window{CheckpointsPerSecond: 3.5, OnMismatch: 40, OnTimeout: 2, OnCrossed: 5, LogMBps: 12.5, PauseP50Ms: 30, PauseP90Ms: 80,
 			StreamMBps: map[string]float64{"migration": 10, "nbd": 2, "mirror": 0.25, "compare": 0.5}},
 		CPU: workloads.CPU{Cores: 2, HostUnprotected: 1.2, HostProtected: 1.95, PrimaryUnprotected: 1, Primary: 0.9, Secondary: 0.7, RelaysUnprotected: 0.05, Relays: 0.3}},
 	{Workload: "oltp", Title: "OLTP", Paper: "negligible", Measure: workloads.Measure{Name: "latency p95", Unit: "ms", Goal: 1.5}, Unprotected: 40, Protected: 50},
@@ -25,7 +25,7 @@ func TestTableSaysEachRowAndItsGoal(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"commit abc1234", "| OLTP | transactions | 200 tx/s | 120 tx/s | 0.60 | ≥ 0.80: **missed** | 3.50 (40, 2) | 12.5 MB/s | 30 / 80 ms | negligible |",
+		"commit abc1234", "| OLTP | transactions | 200 tx/s | 120 tx/s | 0.60 | ≥ 0.80: **missed** | 3.50 (40, 2, 5) | 12.5 MB/s | 30 / 80 ms | negligible |",
 		"|  | latency p95 | 40.0 ms | 50.0 ms | 0.80 | ≥ 0.67: met |",
 		"| oltp | 10.00 | 2.00 | 0.25 | 0.50 | 12.75 |",
 		"busy cores of 2", "| oltp | 1.20 | 1.95 | 1.00 | 0.90 | 0.70 | 0.25 |",

@@ -43,11 +43,12 @@ type Status struct {
 	CheckpointPause                time.Duration
 	// CheckpointCausesKnown says that the engine told the forced checkpoints apart: those for
 	// outputs that differed (CheckpointsOnMismatch), for a late secondary (CheckpointsOnTimeout),
-	// and for outputs it could not compare (CheckpointsOnUnparsed), which it held until a
-	// checkpoint (UnparsedHeld of them).
-	CheckpointCausesKnown                                              bool
-	CheckpointsOnMismatch, CheckpointsOnTimeout, CheckpointsOnUnparsed uint64
-	UnparsedHeld                                                       uint64
+	// for outputs it could not compare (CheckpointsOnUnparsed), which it held until a checkpoint
+	// (UnparsedHeld of them), and for outputs of both sides that each waited for the other's
+	// (CheckpointsOnCrossed).
+	CheckpointCausesKnown                                                                    bool
+	CheckpointsOnMismatch, CheckpointsOnTimeout, CheckpointsOnUnparsed, CheckpointsOnCrossed uint64
+	UnparsedHeld                                                                             uint64
 	// Resync is the engine's copy of the disks into a new secondary, while it runs; LastResync
 	// the last one that completed.
 	Resync     engine.Resync
@@ -100,7 +101,7 @@ func (a *Agent) Status() Status {
 		}
 		st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = streams.Checkpoints, streams.Forced, streams.Pause
 		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout = streams.CausesKnown, streams.OnMismatch, streams.OnTimeout
-		st.CheckpointsOnUnparsed, st.UnparsedHeld = streams.OnUnparsed, streams.UnparsedHeld
+		st.CheckpointsOnUnparsed, st.CheckpointsOnCrossed, st.UnparsedHeld = streams.OnUnparsed, streams.OnCrossed, streams.UnparsedHeld
 		st.Resync, st.LastResync, st.DiskBytes = streams.Resync, streams.LastResync, streams.DiskBytes
 		if streams.ProtectError != "" && st.Message == "" {
 			st.Message = "protecting the VM with its secondary failed (retried): " + streams.ProtectError

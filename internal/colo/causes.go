@@ -16,12 +16,15 @@ import (
 const (
 	// compareID is the primary's colo-compare object: StartPrimary adds it, PrimaryGoAlone
 	// deletes it, and CompareCauses reads its counts.
-	compareID          = "comp0"
-	compareObject      = "/objects/" + compareID
-	propOnMismatch     = "x-checkpoints-on-mismatch"
-	propOnTimeout      = "x-checkpoints-on-timeout"
-	propOnUnparsed     = "x-checkpoints-on-unparsed"
-	propUnparsedHeld   = "x-unparsed-held"
+	compareID        = "comp0"
+	compareObject    = "/objects/" + compareID
+	propOnMismatch   = "x-checkpoints-on-mismatch"
+	propOnTimeout    = "x-checkpoints-on-timeout"
+	propOnUnparsed   = "x-checkpoints-on-unparsed"
+	propUnparsedHeld = "x-unparsed-held"
+	propOnCrossed    = "x-checkpoints-on-crossed"
+	// propCrossedTimeout is the compare object's Tuning.CrossedWait, which StartPrimary sets.
+	propCrossedTimeout = "x-crossed-timeout"
 	compareCauseBudget = time.Second
 )
 
@@ -30,21 +33,22 @@ var errNoCauses = errors.New("this QEMU's colo-compare does not count the causes
 
 // Causes are colo-compare's counts since it was created (with its protection): the checkpoints it
 // asked for because the two sides' packets differed (Mismatch), because a packet waited past the
-// compare timeout (Timeout), or because it held a packet it could not parse (Unparsed: IPv6,
-// ARP; it holds them until the next checkpoint), and how many packets it held so (Held).
+// compare timeout (Timeout), because it held a packet it could not parse (Unparsed: IPv6,
+// ARP; it holds them until the next checkpoint), or because data of both sides waited crossed
+// (Crossed: Tuning's CrossedWait), and how many packets it held so (Held).
 type Causes struct {
-	Mismatch, Timeout, Unparsed, Held uint64
+	Mismatch, Timeout, Unparsed, Crossed, Held uint64
 }
 
 // CompareCauses reads the primary's colo-compare counts. A QEMU that counts causes but does not
-// hold unparsed packets reports no Unparsed or Held.
+// hold unparsed packets reports no Unparsed or Held, and one without the crossed wait no Crossed.
 func CompareCauses(ctx context.Context, q *qmp.Conn) (Causes, error) {
 	var c Causes
 	for _, r := range []struct {
 		prop     string
 		into     *uint64
 		optional bool
-	}{{propOnMismatch, &c.Mismatch, false}, {propOnTimeout, &c.Timeout, false}, {propOnUnparsed, &c.Unparsed, true}, {propUnparsedHeld, &c.Held, true}} {
+	}{{propOnMismatch, &c.Mismatch, false}, {propOnTimeout, &c.Timeout, false}, {propOnUnparsed, &c.Unparsed, true}, {propUnparsedHeld, &c.Held, true}, {propOnCrossed, &c.Crossed, true}} {
 		if err := q.Execute(ctx, "qom-get", map[string]any{"path": compareObject, "property": r.prop}, r.into); err != nil {
 			var qe *qmp.Error
 			notFound := errors.As(err, &qe) && strings.Contains(qe.Desc, "Property") && strings.Contains(qe.Desc, "not found")
@@ -78,6 +82,7 @@ func (c *causeCounts) add(now Causes) {
 	grown(&c.life.Mismatch, now.Mismatch, c.seen.Mismatch)
 	grown(&c.life.Timeout, now.Timeout, c.seen.Timeout)
 	grown(&c.life.Unparsed, now.Unparsed, c.seen.Unparsed)
+	grown(&c.life.Crossed, now.Crossed, c.seen.Crossed)
 	grown(&c.life.Held, now.Held, c.seen.Held)
 	c.seen = now
 }

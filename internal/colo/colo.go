@@ -187,6 +187,12 @@ type Tuning struct {
 	// latency that a slow or diverging secondary adds to the VM's replies, at the cost of more
 	// checkpoints.
 	CompareTimeout time.Duration
+	// CrossedWait, when set, forces a checkpoint sooner than CompareTimeout where both guests'
+	// data has waited this long, the primary's on one TCP connection and the secondary's on
+	// another: guests that took their clients' requests in a different order and each hold what
+	// the other gave away (a database's row locks), whose replies wait for counterparts that only
+	// a checkpoint brings (lockstep's x-crossed-timeout, hack/qemu/colo-compare-waits-crossed.patch).
+	CrossedWait time.Duration
 	// RAMAhead sends the pages the VM dirtied since the last checkpoint while the VM still runs,
 	// just before each checkpoint (lockstep's x-colo-ram-ahead), so that the checkpoint's pause
 	// sends only those it dirtied meanwhile. Both QEMUs need hack/qemu/colo-send-ram-ahead.patch.
@@ -220,8 +226,8 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // changes between the resync and the migration) replicate its disk writes, divert its packets
 // through colo-compare, and migrate into COLO, checkpointing as t says (at least every
 // t.Checkpoint; colo-compare forces one sooner when the two sides' packets differ, or when a
-// packet of the primary found no match within t.CompareTimeout, which it looks for every half of
-// it). afterRewriter is set on a primary that was a secondary: its filters must come before the
+// packet of the primary found no match within t.CompareTimeout, or data of both sides waited
+// crossed for t.CrossedWait, which it looks for every half of the shorter). afterRewriter is set on a primary that was a secondary: its filters must come before the
 // filter-rewriter it kept.
 func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool, disks int) error {
 	netdev, err := Netdev(ctx, q)
@@ -245,13 +251,18 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		}
 		return step{"object-add", args}
 	}
+	compare := map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1", "vnet_hdr_support": true,
+		"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}
+	if t.CrossedWait > 0 {
+		compare[propCrossedTimeout] = max(t.CrossedWait.Milliseconds(), 1)
+		compare["expired_scan_cycle"] = max(min(t.CompareTimeout, t.CrossedWait).Milliseconds()/2, 1)
+	}
 	return run(ctx, q, "primary COLO start", false, append(steps, []step{
 		filter("filter-mirror", "m0", "queue", "tx", "outdev", "mirror0"),
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),
 		filter("filter-redirector", "redire1", "queue", "rx", "outdev", "compare0"),
 		{"object-add", map[string]any{"qom-type": "iothread", "id": "iothread1"}},
-		{"object-add", map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1", "vnet_hdr_support": true,
-			"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}},
+		{"object-add", compare},
 		colo(t.RAMAhead),
 		{"migrate-set-parameters", map[string]any{"x-checkpoint-delay": t.Checkpoint.Milliseconds()}},
 		{"migrate", map[string]any{"uri": "unix:" + s.Path(StreamMigration)}},
@@ -280,7 +291,33 @@ func PrimaryCapabilities(ctx context.Context, q *qmp.Conn, t Tuning) error {
 	if err != nil && t.RAMAhead && strings.Contains(err.Error(), "x-colo-ram-ahead") {
 		return fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
 	}
-	return err
+	if err != nil || t.CrossedWait <= 0 {
+		return err
+	}
+	return crossedWaitKnown(ctx, q)
+}
+
+// crossedWaitKnown checks that colo-compare takes x-crossed-timeout, in QEMU's QAPI schema: its
+// object-add refuses a member it does not know. (qom-list-properties would tell from the object's
+// own properties, but it makes a colo-compare to list them, and QEMU 10.2 aborts when it finalizes
+// one that was never completed.)
+func crossedWaitKnown(ctx context.Context, q *qmp.Conn) error {
+	var schema []struct {
+		Members []struct {
+			Name string `json:"name"`
+		} `json:"members"`
+	}
+	if err := q.Execute(ctx, "query-qmp-schema", nil, &schema); err != nil {
+		return err
+	}
+	for _, typ := range schema {
+		for _, m := range typ.Members {
+			if m.Name == propCrossedTimeout {
+				return nil
+			}
+		}
+	}
+	return errors.New("this QEMU's colo-compare has no " + propCrossedTimeout + " (lockstep's hack/qemu/colo-compare-waits-crossed.patch); run lockstepd with --colo-crossed-wait=0")
 }
 
 // Netdev is the id of the backend of the VM's one NIC, which the packet filters attach to: each

@@ -258,3 +258,41 @@ func TestEveryDiskHasItsReplicationChain(t *testing.T) {
 		t.Fatalf("a QEMU without replicated disks: %v, want an error that names colo-disk0", err)
 	}
 }
+
+// TestAQEMUWithoutTheCrossedWaitIsRefusedFirst: colo-compare's object-add refuses a member its
+// QAPI schema lacks, after the protection's disk resync; PrimaryCapabilities, which runs first,
+// looks x-crossed-timeout up in the schema, says what to do without it, and asks nothing of a
+// QEMU when the wait is off. StartPrimary then sets it, and scans for old packets every half of it.
+func TestAQEMUWithoutTheCrossedWaitIsRefusedFirst(t *testing.T) {
+	ctx := context.Background()
+	tuning := Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond, CrossedWait: 20 * time.Millisecond}
+	without := []map[string]any{{"name": "123", "meta-type": "object", "members": []map[string]any{{"name": "compare_timeout", "type": "int"}}}}
+	f := &fakeQEMU{replies: map[string]any{"query-qmp-schema": without}}
+	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err == nil || !strings.Contains(err.Error(), "--colo-crossed-wait=0") {
+		t.Fatalf("PrimaryCapabilities: %v, want an error that names --colo-crossed-wait=0", err)
+	}
+	off := tuning
+	off.CrossedWait = 0
+	f = &fakeQEMU{replies: map[string]any{"query-qmp-schema": without}}
+	if err := PrimaryCapabilities(ctx, f.conn(t), off); err != nil || slices.Contains(f.commands(), "query-qmp-schema") {
+		t.Fatalf("PrimaryCapabilities with the crossed wait off: %v after %v, want no error and no look at the schema", err, f.commands())
+	}
+
+	with := append(without, map[string]any{"name": "124", "meta-type": "object", "members": []map[string]any{{"name": "x-crossed-timeout", "type": "int"}}})
+	f = &fakeQEMU{replies: map[string]any{"query-qmp-schema": with}}
+	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
+		t.Fatal(err)
+	}
+	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false, 1); err != nil {
+		t.Fatal(err)
+	}
+	var compare map[string]any
+	for _, o := range f.objects {
+		if o["qom-type"] == "colo-compare" {
+			compare = o
+		}
+	}
+	if compare["x-crossed-timeout"] != float64(20) || compare["expired_scan_cycle"] != float64(10) || compare["compare_timeout"] != float64(100) {
+		t.Fatalf("colo-compare: %v, want x-crossed-timeout 20, expired_scan_cycle 10 and compare_timeout 100", compare)
+	}
+}

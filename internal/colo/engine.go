@@ -228,8 +228,8 @@ func (e *Engine) Streams() engine.StreamStats {
 	if !e.causes.unknown && e.checkpoints > 0 {
 		// colo-compare's own counts are exact; the interval's guess is only for a QEMU without them.
 		c := e.causes.life
-		st.CausesKnown, st.OnMismatch, st.OnTimeout, st.OnUnparsed, st.UnparsedHeld = true, c.Mismatch, c.Timeout, c.Unparsed, c.Held
-		st.Forced = min(c.Mismatch+c.Timeout+c.Unparsed, e.checkpoints)
+		st.CausesKnown, st.OnMismatch, st.OnTimeout, st.OnUnparsed, st.OnCrossed, st.UnparsedHeld = true, c.Mismatch, c.Timeout, c.Unparsed, c.Crossed, c.Held
+		st.Forced = min(c.Mismatch+c.Timeout+c.Unparsed+c.Crossed, e.checkpoints)
 	}
 	if e.streams != nil {
 		for _, c := range e.streams.counters {

@@ -129,12 +129,12 @@ type StreamStats struct {
 	Pause               time.Duration
 	// CausesKnown says that the engine's comparison counts why it forced checkpoints: OnMismatch
 	// for outputs that differed, OnTimeout for a secondary's output that came too late, OnUnparsed
-	// for an output it could not compare and held until a checkpoint (Forced is their sum);
-	// UnparsedHeld counts those outputs. Without it Forced is the engine's guess from the
-	// checkpoints' intervals.
-	CausesKnown                       bool
-	OnMismatch, OnTimeout, OnUnparsed uint64
-	UnparsedHeld                      uint64
+	// for an output it could not compare and held until a checkpoint, OnCrossed for outputs of
+	// both sides that each waited for the other's (Forced is their sum); UnparsedHeld counts the
+	// outputs held so. Without it Forced is the engine's guess from the checkpoints' intervals.
+	CausesKnown                                  bool
+	OnMismatch, OnTimeout, OnUnparsed, OnCrossed uint64
+	UnparsedHeld                                 uint64
 	// Resync is the copy of the disks into a new secondary while it runs (zero otherwise);
 	// LastResync is the last one that completed.
 	Resync     Resync

@@ -587,13 +587,13 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 	restart := w.at.IsZero() || w.from.State != st.State || st.BytesLogged < w.from.BytesLogged ||
 		st.Checkpoints < w.from.Checkpoints || st.ForcedCheckpoints < w.from.ForcedCheckpoints ||
 		st.CheckpointsOnMismatch < w.from.CheckpointsOnMismatch || st.CheckpointsOnTimeout < w.from.CheckpointsOnTimeout ||
-		st.CheckpointsOnUnparsed < w.from.CheckpointsOnUnparsed
+		st.CheckpointsOnUnparsed < w.from.CheckpointsOnUnparsed || st.CheckpointsOnCrossed < w.from.CheckpointsOnCrossed
 	elapsed := now.Sub(w.at)
 	switch {
 	case restart:
 		fields["logBandwidth"] = nil
 		if cps != nil {
-			cps["perSecond"], cps["forcedPerSecond"], cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"] = nil, nil, nil, nil, nil
+			cps["perSecond"], cps["forcedPerSecond"], cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"], cps["crossedPerSecond"] = nil, nil, nil, nil, nil, nil
 		}
 		return fields, rateWindow{at: now, from: st}
 	case elapsed < every || elapsed <= 0:
@@ -610,8 +610,9 @@ func logRates(w rateWindow, st agent.Status, now time.Time, every time.Duration)
 			cps["mismatchPerSecond"] = perSecond(st.CheckpointsOnMismatch - w.from.CheckpointsOnMismatch)
 			cps["timeoutPerSecond"] = perSecond(st.CheckpointsOnTimeout - w.from.CheckpointsOnTimeout)
 			cps["unparsedPerSecond"] = perSecond(st.CheckpointsOnUnparsed - w.from.CheckpointsOnUnparsed)
+			cps["crossedPerSecond"] = perSecond(st.CheckpointsOnCrossed - w.from.CheckpointsOnCrossed)
 		} else {
-			cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"] = nil, nil, nil
+			cps["mismatchPerSecond"], cps["timeoutPerSecond"], cps["unparsedPerSecond"], cps["crossedPerSecond"] = nil, nil, nil, nil
 		}
 	}
 	return fields, rateWindow{at: now, from: st}

@@ -34,8 +34,8 @@ func TestLogRates(t *testing.T) {
 		st.BytesLogged, st.Checkpoints, st.ForcedCheckpoints, st.CheckpointPause = bytes, cps, forced, 15*time.Millisecond
 		return st
 	}
-	withCauses := func(st agent.Status, mismatch, timeout, unparsed uint64) agent.Status {
-		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout, st.CheckpointsOnUnparsed = true, mismatch, timeout, unparsed
+	withCauses := func(st agent.Status, mismatch, timeout, unparsed, crossed uint64) agent.Status {
+		st.CheckpointCausesKnown, st.CheckpointsOnMismatch, st.CheckpointsOnTimeout, st.CheckpointsOnUnparsed, st.CheckpointsOnCrossed = true, mismatch, timeout, unparsed, crossed
 		return st
 	}
 	alone := agent.Status{State: failover.Alone, BytesLogged: 5000}
@@ -48,17 +48,17 @@ func TestLogRates(t *testing.T) {
 		restarts bool   // the next window starts now
 	}{
 		{name: "the first report starts a window and clears the rates", st: protected,
-			want: `{"checkpoints":{"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":20,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
-		{name: "a whole window: the rates over it", w: window, st: later(21000, 30, 9), after: 4 * time.Second, want: `{"checkpoints":{"forcedPerSecond":"1250m","mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":"5","timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":"5k"}`, restarts: true},
-		{name: "a longer window", w: window, st: later(11000, 20, 4), after: 10 * time.Second, want: `{"checkpoints":{"forcedPerSecond":"0","mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":"1","timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":"1k"}`, restarts: true},
-		{name: "causes told apart: each a second", w: rateWindow{at: t0, from: withCauses(protected, 1, 2, 1)}, st: withCauses(later(21000, 30, 9), 3, 4, 2), after: 4 * time.Second,
-			want: `{"checkpoints":{"forcedPerSecond":"1250m","mismatchPerSecond":"500m","pauseMilliseconds":15,"perSecond":"5","timeoutPerSecond":"500m","unparsedPerSecond":"250m"},"logBandwidth":"5k"}`, restarts: true},
+			want: `{"checkpoints":{"crossedPerSecond":null,"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":20,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
+		{name: "a whole window: the rates over it", w: window, st: later(21000, 30, 9), after: 4 * time.Second, want: `{"checkpoints":{"crossedPerSecond":null,"forcedPerSecond":"1250m","mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":"5","timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":"5k"}`, restarts: true},
+		{name: "a longer window", w: window, st: later(11000, 20, 4), after: 10 * time.Second, want: `{"checkpoints":{"crossedPerSecond":null,"forcedPerSecond":"0","mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":"1","timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":"1k"}`, restarts: true},
+		{name: "causes told apart: each a second", w: rateWindow{at: t0, from: withCauses(protected, 1, 2, 1, 0)}, st: withCauses(later(21000, 30, 9), 3, 3, 2, 1), after: 4 * time.Second,
+			want: `{"checkpoints":{"crossedPerSecond":"250m","forcedPerSecond":"1250m","mismatchPerSecond":"500m","pauseMilliseconds":15,"perSecond":"5","timeoutPerSecond":"250m","unparsedPerSecond":"250m"},"logBandwidth":"5k"}`, restarts: true},
 		{name: "a report inside the window (another field changed): the last rates stay", w: window, st: later(1000, 10, 4), after: time.Second,
 			want: `{"checkpoints":{"pauseMilliseconds":15}}`},
 		{name: "a new state starts a window: a primary's initial copy is not its protected bandwidth", w: rateWindow{at: t0, from: alone}, st: later(900000, 12, 4), after: time.Minute,
-			want: `{"checkpoints":{"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
+			want: `{"checkpoints":{"crossedPerSecond":null,"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
 		{name: "counts that went back (a new engine) start a window", w: window, st: later(10, 2, 0), after: time.Minute,
-			want: `{"checkpoints":{"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
+			want: `{"checkpoints":{"crossedPerSecond":null,"forcedPerSecond":null,"mismatchPerSecond":null,"pauseMilliseconds":15,"perSecond":null,"timeoutPerSecond":null,"unparsedPerSecond":null},"logBandwidth":null}`, restarts: true},
 		{name: "an engine without checkpoints: the bandwidth alone", w: rateWindow{at: t0, from: alone}, st: agent.Status{State: failover.Alone, BytesLogged: 5000}, after: every,
 			want: `{"logBandwidth":"0"}`, restarts: true},
 	} {
@@ -85,8 +85,8 @@ func TestCheckpointCauses(t *testing.T) {
 	}{
 		{name: "a QEMU that does not say why: periodic and forced", st: agent.Status{Checkpoints: 10, ForcedCheckpoints: 4},
 			want: map[string]uint64{"periodic": 6, "forced": 4}},
-		{name: "causes told apart", st: agent.Status{Checkpoints: 10, ForcedCheckpoints: 8, CheckpointCausesKnown: true, CheckpointsOnMismatch: 2, CheckpointsOnTimeout: 5, CheckpointsOnUnparsed: 1},
-			want: map[string]uint64{"periodic": 2, "mismatch": 2, "timeout": 5, "unparsed": 1}},
+		{name: "causes told apart", st: agent.Status{Checkpoints: 10, ForcedCheckpoints: 8, CheckpointCausesKnown: true, CheckpointsOnMismatch: 2, CheckpointsOnTimeout: 4, CheckpointsOnUnparsed: 1, CheckpointsOnCrossed: 1},
+			want: map[string]uint64{"periodic": 2, "mismatch": 2, "timeout": 4, "unparsed": 1, "crossed": 1}},
 		{name: "more forced than counted (counted apart, in flight): no negative periodic", st: agent.Status{Checkpoints: 3, ForcedCheckpoints: 5},
 			want: map[string]uint64{"periodic": 0, "forced": 5}},
 	} {

@@ -88,14 +88,14 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// checkpointCauses splits a side's checkpoints by cause: periodic, mismatch, timeout and unparsed when
-// the engine tells its forced ones apart, periodic and forced otherwise.
+// checkpointCauses splits a side's checkpoints by cause: periodic, mismatch, timeout, unparsed and
+// crossed when the engine tells its forced ones apart, periodic and forced otherwise.
 func checkpointCauses(st agent.Status) map[string]uint64 {
 	periodic := st.Checkpoints - min(st.ForcedCheckpoints, st.Checkpoints)
 	if !st.CheckpointCausesKnown {
 		return map[string]uint64{"periodic": periodic, "forced": st.ForcedCheckpoints}
 	}
-	return map[string]uint64{"periodic": periodic, "mismatch": st.CheckpointsOnMismatch, "timeout": st.CheckpointsOnTimeout, "unparsed": st.CheckpointsOnUnparsed}
+	return map[string]uint64{"periodic": periodic, "mismatch": st.CheckpointsOnMismatch, "timeout": st.CheckpointsOnTimeout, "unparsed": st.CheckpointsOnUnparsed, "crossed": st.CheckpointsOnCrossed}
 }
 
 func registerMetrics(d *Daemon) {

@@ -107,6 +107,7 @@ type window struct {
 	pauseP50, pauseP90    time.Duration
 	loadP50, loadP90      time.Duration // the secondary's part of the pause
 	onMismatch, onTimeout uint64        // checkpoints colo-compare forced, by cause
+	onCrossed             uint64
 	interval              time.Duration // mean time between checkpoints
 	bytesPerSec           float64
 	requests              int
@@ -129,7 +130,7 @@ func (w window) String() string {
 
 // causes says why colo-compare forced checkpoints, as the engine reports it.
 func (w window) causes() string {
-	return fmt.Sprintf("%d forced on a mismatch, %d on a timeout", w.onMismatch, w.onTimeout)
+	return fmt.Sprintf("%d forced on a mismatch, %d on a timeout, %d crossed", w.onMismatch, w.onTimeout, w.onCrossed)
 }
 
 // pauses says how long the primary's VM stood still, and how long the secondary then took to load
@@ -168,7 +169,7 @@ func (c *cluster) measure(p *member, d time.Duration, work func()) window {
 	if !after.CausesKnown {
 		c.t.Fatalf("the engine does not tell the checkpoints' causes apart: is the QEMU lockstep's?")
 	}
-	w.onMismatch, w.onTimeout = after.OnMismatch-before.OnMismatch, after.OnTimeout-before.OnTimeout
+	w.onMismatch, w.onTimeout, w.onCrossed = after.OnMismatch-before.OnMismatch, after.OnTimeout-before.OnTimeout, after.OnCrossed-before.OnCrossed
 	c.mu.Lock()
 	cps := append([]colo.Checkpoint(nil), c.checkpoints[from:]...)
 	c.mu.Unlock()

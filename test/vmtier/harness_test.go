@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -69,6 +70,17 @@ func compareTimeout() time.Duration {
 	return 100 * time.Millisecond
 }
 
+// crossedWait is colo-compare's wait before a checkpoint where both guests' data waits crossed
+// (lockstepd's --colo-crossed-wait): VMTIER_CROSSED_WAIT (a Go duration), or lockstepd's default.
+func crossedWait() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("VMTIER_CROSSED_WAIT")); err == nil {
+		return d
+	}
+	var o coloengine.Options
+	o.BindFlags(flag.NewFlagSet("lockstepd", flag.ContinueOnError))
+	return o.CrossedWait
+}
+
 // cluster is one test's network, nodes and pair. The network, all in namespaces the test makes:
 // a client namespace and a switch namespace with two bridges, brw for the VM's network and brl
 // for the logging network; each node namespace has a bridge br0 with the VM's tap and an uplink
@@ -108,6 +120,9 @@ type cluster struct {
 	// period and compareTimeout are the pair's checkpoint period and colo-compare timeout where
 	// a scenario sets its own (0: checkpoint and compareTimeout()).
 	period, compareTimeout time.Duration
+	// crossedWait is colo-compare's wait before it checkpoints for data of both guests waiting
+	// crossed, where a scenario sets its own (0: crossedWait()).
+	crossedWait time.Duration
 	// guestNoIPv6 boots the busybox guest with IPv6 off: none of its router solicitations and
 	// MLD reports, which colo-compare cannot compare and forces a checkpoint for.
 	guestNoIPv6 bool
@@ -123,6 +138,15 @@ func (c *cluster) colo() (period, compare time.Duration) {
 		compare = c.compareTimeout
 	}
 	return period, compare
+}
+
+// crossed is the pair's wait before colo-compare checkpoints for data of both guests waiting
+// crossed (colo.Tuning's CrossedWait).
+func (c *cluster) crossed() time.Duration {
+	if c.crossedWait != 0 {
+		return c.crossedWait
+	}
+	return crossedWait()
 }
 
 // node is a node namespace with its lockstepd's Node (internal/lockstepd): the FT log and stream
@@ -258,7 +282,7 @@ func (c *cluster) startNode(n *node) {
 		NewEngine: func(env lockstepd.EngineEnv) (engine.Engine, error) {
 			period, compare := c.colo()
 			return coloengine.Factory(coloengine.Options{
-				Checkpoint: period, CompareTimeout: compare, RAMAhead: ramAhead,
+				Checkpoint: period, CompareTimeout: compare, CrossedWait: c.crossed(), RAMAhead: ramAhead,
 				AttachNetwork: func(context.Context, lockstepd.MemberSpec) error { c.attach(n); return nil },
 				OnCheckpoint:  func(_ lockstepd.MemberSpec, cp colo.Checkpoint) { c.recordCheckpoint(cp) },
 			})(env)

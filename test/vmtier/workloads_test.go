@@ -122,7 +122,9 @@ func TestLibvirtWorkloadDrivers(t *testing.T) {
 // hack/benchreport. WORKLOADS_SPAN (a Go duration, default 20s) is each timed row's length;
 // WORKLOADS_VCPUS (default 1) the guest's vCPUs: on a machine of two cores, one each keeps the
 // secondary's vCPU off the primary's core; WORKLOADS_ONLY runs the workloads whose names it
-// lists (comma-separated).
+// lists (comma-separated). WORKLOADS_PIN=1 gives the VM's QEMU (unprotected, then as the
+// primary) the first core and the secondary's QEMU the second (pinToCore): two hosts of one core
+// each, where by default both QEMUs share both cores.
 func BenchmarkWorkloads(b *testing.B) {
 	span := 20 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("WORKLOADS_SPAN")); err == nil {
@@ -131,6 +133,10 @@ func BenchmarkWorkloads(b *testing.B) {
 	vcpus := 1
 	if v, err := strconv.Atoi(os.Getenv("WORKLOADS_VCPUS")); err == nil && v > 0 {
 		vcpus = v
+	}
+	pin := os.Getenv("WORKLOADS_PIN") == "1"
+	if pin && runtime.NumCPU() < 2 {
+		b.Fatal("WORKLOADS_PIN needs two cores")
 	}
 	out := os.Getenv("WORKLOADS_OUT")
 	if out == "" {
@@ -150,6 +156,11 @@ func BenchmarkWorkloads(b *testing.B) {
 	}
 
 	c, p := bootWithApps(b, 2, vcpus)
+	if pin {
+		if err := pinToCore(p.pid, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
 	env := c.workloadEnv(b, span, false)
 	ctx := context.Background()
 	// measureAll runs every row, protected where s (the secondary) is set; it returns each row's
@@ -199,13 +210,18 @@ func BenchmarkWorkloads(b *testing.B) {
 	start := time.Now()
 	s := c.protect(p, c.nodes[1])
 	b.Logf("protected %s after the secondary started", time.Since(start).Round(time.Millisecond))
+	if pin {
+		if err := pinToCore(s.pid, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
 	ft, windows, cpuFT := measureAll(s)
 
 	report := workloads.Report{
 		Date: time.Now().UTC().Format(time.RFC3339), Commit: commit(), Machine: machine(),
 		Guest: fmt.Sprintf("Debian 12, hack/debian-guest.sh's workloads variant, in KubeVirt's domain through libvirt, %d vCPU, %d MiB, a root and a %d MiB data disk on claims (raw), virtio-net; QEMU TCG",
 			vcpus, debianMemoryMB, debianDataDiskSize>>20),
-		Span: span.String(),
+		Span: span.String(), Pinned: pin,
 	}
 	for _, w := range run {
 		win := windows[w.Name]
@@ -217,7 +233,7 @@ func BenchmarkWorkloads(b *testing.B) {
 		for i, m := range alone[w.Name] {
 			row := workloads.Row{Workload: w.Name, Title: w.Title, Paper: w.Paper, Measure: m, Unprotected: m.Value, Protected: ft[w.Name][i].Value,
 				Protection: workloads.Window{Seconds: win.elapsed.Seconds(), Checkpoints: win.checkpoints, CheckpointsPerSecond: win.checkpointsPerSecond,
-					OnMismatch: win.onMismatch, OnTimeout: win.onTimeout, LogMBps: win.bytesPerSec / 1e6, StreamMBps: win.streamMBps,
+					OnMismatch: win.onMismatch, OnTimeout: win.onTimeout, OnCrossed: win.onCrossed, LogMBps: win.bytesPerSec / 1e6, StreamMBps: win.streamMBps,
 					PauseP50Ms: ms(win.pauseP50), PauseP90Ms: ms(win.pauseP90)}, CPU: cpu}
 			row.Measure.Value = 0 // the row has both
 			report.Rows = append(report.Rows, row)

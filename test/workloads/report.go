@@ -16,7 +16,18 @@ type Report struct {
 	Guest string `json:"guest"`
 	// Span is how long each timed row ran, each way.
 	Span string `json:"span"`
-	Rows []Row  `json:"rows"`
+	// Pinned: the VM's QEMU (unprotected, then the primary) ran on one core and the secondary's on
+	// another, as on two hosts of one core each; otherwise both shared all the host's cores.
+	Pinned bool  `json:"pinned,omitempty"`
+	Rows   []Row `json:"rows"`
+}
+
+// Cores says how the members' QEMUs shared the host's cores.
+func (r Report) Cores() string {
+	if r.Pinned {
+		return "the VM's QEMU (unprotected, then the primary) pinned to one core and the secondary's to the other"
+	}
+	return "both QEMUs on all the host's cores"
 }
 
 // Row is one measure of one workload, both ways, with what protection did meanwhile.
@@ -57,10 +68,11 @@ type Window struct {
 	Seconds              float64 `json:"seconds"`
 	Checkpoints          int     `json:"checkpoints"`
 	CheckpointsPerSecond float64 `json:"checkpointsPerSecond"`
-	// OnMismatch and OnTimeout are the checkpoints colo-compare forced; the rest came with the
-	// period (or dirty RAM ahead of it).
+	// OnMismatch, OnTimeout and OnCrossed (both sides' data waiting for each other) are the
+	// checkpoints colo-compare forced; the rest came with the period (or dirty RAM ahead of it).
 	OnMismatch uint64  `json:"onMismatch"`
 	OnTimeout  uint64  `json:"onTimeout"`
+	OnCrossed  uint64  `json:"onCrossed,omitempty"`
 	LogMBps    float64 `json:"logMBps"`
 	// StreamMBps is what each of COLO's streams carried over the logging link, both ways:
 	// "migration" (the checkpoints: dirtied RAM and device state), "nbd" (the primary's disk

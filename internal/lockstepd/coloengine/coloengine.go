@@ -20,6 +20,8 @@ type Options struct {
 	Checkpoint time.Duration
 	// CompareTimeout is how long colo-compare holds an unmatched packet of the primary.
 	CompareTimeout time.Duration
+	// CrossedWait forces a checkpoint where both guests' data waited crossed this long (colo.Tuning).
+	CrossedWait time.Duration
 	// RAMAhead sends a checkpoint's dirty pages while the VM still runs (colo.Tuning).
 	RAMAhead bool
 	// AttachNetwork, when set, attaches a member's VM network to its node when it goes live (a
@@ -33,6 +35,7 @@ type Options struct {
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Checkpoint, "colo-checkpoint", 2*time.Second, "COLO: the longest time between two checkpoints (colo-compare forces one sooner when the two sides' packets differ).")
 	fs.DurationVar(&o.CompareTimeout, "colo-compare-timeout", 100*time.Millisecond, "COLO: how long colo-compare holds a packet of the primary that the secondary has not matched before it forces a checkpoint.")
+	fs.DurationVar(&o.CrossedWait, "colo-crossed-wait", 20*time.Millisecond, "COLO: force a checkpoint before the compare timeout where data of the primary's has waited this long on one TCP connection and data of the secondary's on another: guests that each wait for what the other gave away, as a database's row locks granted in a different order (lockstep's QEMU, x-crossed-timeout; 0 for a QEMU without it).")
 	fs.BoolVar(&o.RAMAhead, "colo-ram-ahead", true, "COLO: send the pages the VM dirtied while it still runs, just before each checkpoint, so that the checkpoint's pause sends only those dirtied meanwhile (lockstep's QEMU; false for a QEMU without x-colo-ram-ahead).")
 }
 
@@ -41,7 +44,7 @@ func Factory(o Options) lockstepd.EngineFactory {
 	return func(env lockstepd.EngineEnv) (engine.Engine, error) {
 		cfg := colo.EngineConfig{
 			Pair: env.Member.Pair, Member: env.Member.VMI, Primary: env.Member.Primary, Sockets: colo.Sockets{Dir: env.Dir}, Owner: env.Owner,
-			Tuning: colo.Tuning{Checkpoint: o.Checkpoint, CompareTimeout: o.CompareTimeout, RAMAhead: o.RAMAhead},
+			Tuning: colo.Tuning{Checkpoint: o.Checkpoint, CompareTimeout: o.CompareTimeout, CrossedWait: o.CrossedWait, RAMAhead: o.RAMAhead},
 			Relay:  env.Relay, TLS: env.TLS, Dial: env.Dial, Log: env.Log,
 		}
 		if err := cfg.Sockets.Validate(); err != nil {
