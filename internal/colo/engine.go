@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -311,7 +312,7 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 			if err := e.protect(ctx, q, rec); err != nil {
 				e.cfg.Log.Error(err, "protecting the VM failed; it runs alone and protection is retried")
 				e.mu.Lock()
-				e.protectErr = err.Error()
+				e.protectErr = protectFailure(e.protectErr, err)
 				e.mu.Unlock()
 				if err := e.endProtection(ctx, q, rec, err.Error()); err != nil {
 					return err // fenced, with the VM's output still held
@@ -324,6 +325,20 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 			e.mu.Unlock()
 		}
 	}
+}
+
+// protectFailure is what the status says of a failed protection, after prev. A secondary whose
+// first protection failed cannot be migrated into again, so every retry then fails the same way
+// (errProtectedOnce) until a new secondary replaces it; the first failure's reason, the one a
+// person can act on, stays in the message.
+func protectFailure(prev string, err error) string {
+	switch {
+	case !errors.Is(err, errProtectedOnce) || prev == "":
+		return err.Error()
+	case strings.HasPrefix(prev, errProtectedOnce.Error()):
+		return prev
+	}
+	return err.Error() + "; its protection failed first: " + prev
 }
 
 // watchProtection checks that an established protection still holds: a protection can break

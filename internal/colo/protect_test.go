@@ -3,6 +3,7 @@ package colo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -167,5 +168,29 @@ func TestABrokenProtectionIsClaimedBeforeItsOutputLeaves(t *testing.T) {
 				t.Fatalf("%s ran before the pair was claimed from the secondary: %v (claimed after %d commands)", cmds[first], cmds, drops[0])
 			}
 		})
+	}
+}
+
+// TestProtectFailureKeepsTheFirstReason: after a secondary's first protection failed, every retry
+// fails because it cannot be migrated into twice; the status keeps the first reason beside it.
+func TestProtectFailureKeepsTheFirstReason(t *testing.T) {
+	first := errors.New("primary COLO start: object-add: Invalid parameter 'x-crossed-timeout'")
+	once := fmt.Errorf("%w: secondary vm-2 (its protection ended)", errProtectedOnce)
+	msg := ""
+	for i, tc := range []struct {
+		err  error
+		want string
+	}{
+		{first, first.Error()},
+		{once, once.Error() + "; its protection failed first: " + first.Error()},
+		{once, once.Error() + "; its protection failed first: " + first.Error()}, // every retry: no longer
+		{first, first.Error()}, // a new secondary's own failure
+	} {
+		if msg = protectFailure(msg, tc.err); msg != tc.want {
+			t.Errorf("failure %d: %q, want %q", i+1, msg, tc.want)
+		}
+	}
+	if got := protectFailure("", once); got != once.Error() {
+		t.Errorf("with nothing before: %q", got)
 	}
 }
