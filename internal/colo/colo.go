@@ -285,39 +285,47 @@ func ReplicationDriveAdd(s Sockets, i int) string {
 // PrimaryCapabilities checks that the primary's QEMU takes the migration capabilities t needs,
 // and sets them; StartPrimary sets them again. Called before a protection changes anything, so
 // that a QEMU that refuses one (one without lockstep's patch for RAMAhead) costs no disk resync
-// and gets an error that says what to do.
-func PrimaryCapabilities(ctx context.Context, q *qmp.Conn, t Tuning) error {
+// and gets an error that says what to do. It returns t as this QEMU can take it: without
+// CrossedWait where its colo-compare has no crossed wait (a launcher that still runs a
+// lockstep-qemu image from before hack/qemu/colo-compare-waits-crossed.patch, which it keeps
+// until its VM runs again: such a VM is protected as before, its lock waits ending on the
+// compare timeout).
+func PrimaryCapabilities(ctx context.Context, q *qmp.Conn, t Tuning) (Tuning, error) {
 	err := run(ctx, q, "primary capabilities", false, []step{colo(t.RAMAhead)})
 	if err != nil && t.RAMAhead && strings.Contains(err.Error(), "x-colo-ram-ahead") {
-		return fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
+		return t, fmt.Errorf("%w: this QEMU cannot send RAM ahead of a checkpoint (lockstep's hack/qemu/colo-send-ram-ahead.patch); run lockstepd with --colo-ram-ahead=false", err)
 	}
 	if err != nil || t.CrossedWait <= 0 {
-		return err
+		return t, err
 	}
-	return crossedWaitKnown(ctx, q)
+	known, err := crossedWaitKnown(ctx, q)
+	if !known {
+		t.CrossedWait = 0
+	}
+	return t, err
 }
 
-// crossedWaitKnown checks that colo-compare takes x-crossed-timeout, in QEMU's QAPI schema: its
+// crossedWaitKnown says whether colo-compare takes x-crossed-timeout, from QEMU's QAPI schema: its
 // object-add refuses a member it does not know. (qom-list-properties would tell from the object's
 // own properties, but it makes a colo-compare to list them, and QEMU 10.2 aborts when it finalizes
 // one that was never completed.)
-func crossedWaitKnown(ctx context.Context, q *qmp.Conn) error {
+func crossedWaitKnown(ctx context.Context, q *qmp.Conn) (bool, error) {
 	var schema []struct {
 		Members []struct {
 			Name string `json:"name"`
 		} `json:"members"`
 	}
 	if err := q.Execute(ctx, "query-qmp-schema", nil, &schema); err != nil {
-		return err
+		return false, err
 	}
 	for _, typ := range schema {
 		for _, m := range typ.Members {
 			if m.Name == propCrossedTimeout {
-				return nil
+				return true, nil
 			}
 		}
 	}
-	return errors.New("this QEMU's colo-compare has no " + propCrossedTimeout + " (lockstep's hack/qemu/colo-compare-waits-crossed.patch); run lockstepd with --colo-crossed-wait=0")
+	return false, nil
 }
 
 // Netdev is the id of the backend of the VM's one NIC, which the packet filters attach to: each

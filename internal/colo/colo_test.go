@@ -147,16 +147,16 @@ func TestAQEMUWithoutRAMAheadIsRefusedFirst(t *testing.T) {
 	ctx := context.Background()
 	tuning := Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond, RAMAhead: true}
 	f := &fakeQEMU{refuse: map[string]string{"migrate-set-capabilities": "Parameter 'capability' does not accept value 'x-colo-ram-ahead'"}}
-	err := PrimaryCapabilities(ctx, f.conn(t), tuning)
+	_, err := PrimaryCapabilities(ctx, f.conn(t), tuning)
 	if err == nil || !strings.Contains(err.Error(), "--colo-ram-ahead=false") {
 		t.Fatalf("PrimaryCapabilities: %v, want an error that names --colo-ram-ahead=false", err)
 	}
-	if err := PrimaryCapabilities(ctx, f.conn(t), Tuning{}); err == nil || strings.Contains(err.Error(), "--colo-ram-ahead") {
+	if _, err := PrimaryCapabilities(ctx, f.conn(t), Tuning{}); err == nil || strings.Contains(err.Error(), "--colo-ram-ahead") {
 		t.Fatalf("PrimaryCapabilities without RAMAhead, refused: %v, want QEMU's error alone", err)
 	}
 
 	f = &fakeQEMU{}
-	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
+	if _, err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
 		t.Fatal(err)
 	}
 	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false, 1); err != nil {
@@ -259,40 +259,52 @@ func TestEveryDiskHasItsReplicationChain(t *testing.T) {
 	}
 }
 
-// TestAQEMUWithoutTheCrossedWaitIsRefusedFirst: colo-compare's object-add refuses a member its
-// QAPI schema lacks, after the protection's disk resync; PrimaryCapabilities, which runs first,
-// looks x-crossed-timeout up in the schema, says what to do without it, and asks nothing of a
-// QEMU when the wait is off. StartPrimary then sets it, and scans for old packets every half of it.
-func TestAQEMUWithoutTheCrossedWaitIsRefusedFirst(t *testing.T) {
+// TestAQEMUWithoutTheCrossedWaitProtectsWithout: colo-compare's object-add refuses a member its
+// QAPI schema lacks, after the protection's disk resync. PrimaryCapabilities, which runs first,
+// looks x-crossed-timeout up in the schema and leaves the crossed wait out for a QEMU without it
+// (a launcher still on an older lockstep-qemu image is protected as before), and asks nothing of
+// a QEMU when the wait is off. StartPrimary sets the wait where the QEMU has it, and scans for old
+// packets every half of it.
+func TestAQEMUWithoutTheCrossedWaitProtectsWithout(t *testing.T) {
 	ctx := context.Background()
 	tuning := Tuning{Checkpoint: 2 * time.Second, CompareTimeout: 100 * time.Millisecond, CrossedWait: 20 * time.Millisecond}
+	compareObject := func(f *fakeQEMU) map[string]any {
+		for _, o := range f.objects {
+			if o["qom-type"] == "colo-compare" {
+				return o
+			}
+		}
+		return nil
+	}
 	without := []map[string]any{{"name": "123", "meta-type": "object", "members": []map[string]any{{"name": "compare_timeout", "type": "int"}}}}
 	f := &fakeQEMU{replies: map[string]any{"query-qmp-schema": without}}
-	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err == nil || !strings.Contains(err.Error(), "--colo-crossed-wait=0") {
-		t.Fatalf("PrimaryCapabilities: %v, want an error that names --colo-crossed-wait=0", err)
+	got, err := PrimaryCapabilities(ctx, f.conn(t), tuning)
+	if err != nil || got.CrossedWait != 0 || got.CompareTimeout != tuning.CompareTimeout {
+		t.Fatalf("PrimaryCapabilities of a QEMU without the crossed wait: %+v, %v; want the tuning without it", got, err)
 	}
+	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, got, false, 1); err != nil {
+		t.Fatal(err)
+	}
+	if c := compareObject(f); c == nil || c["x-crossed-timeout"] != nil || c["expired_scan_cycle"] != float64(50) {
+		t.Fatalf("colo-compare: %v, want no x-crossed-timeout and expired_scan_cycle 50", c)
+	}
+
 	off := tuning
 	off.CrossedWait = 0
 	f = &fakeQEMU{replies: map[string]any{"query-qmp-schema": without}}
-	if err := PrimaryCapabilities(ctx, f.conn(t), off); err != nil || slices.Contains(f.commands(), "query-qmp-schema") {
+	if _, err := PrimaryCapabilities(ctx, f.conn(t), off); err != nil || slices.Contains(f.commands(), "query-qmp-schema") {
 		t.Fatalf("PrimaryCapabilities with the crossed wait off: %v after %v, want no error and no look at the schema", err, f.commands())
 	}
 
 	with := append(without, map[string]any{"name": "124", "meta-type": "object", "members": []map[string]any{{"name": "x-crossed-timeout", "type": "int"}}})
 	f = &fakeQEMU{replies: map[string]any{"query-qmp-schema": with}}
-	if err := PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil {
+	if got, err = PrimaryCapabilities(ctx, f.conn(t), tuning); err != nil || got != tuning {
+		t.Fatalf("PrimaryCapabilities: %+v, %v; want %+v", got, err, tuning)
+	}
+	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, got, false, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := StartPrimary(ctx, f.conn(t), Sockets{Dir: t.TempDir()}, tuning, false, 1); err != nil {
-		t.Fatal(err)
-	}
-	var compare map[string]any
-	for _, o := range f.objects {
-		if o["qom-type"] == "colo-compare" {
-			compare = o
-		}
-	}
-	if compare["x-crossed-timeout"] != float64(20) || compare["expired_scan_cycle"] != float64(10) || compare["compare_timeout"] != float64(100) {
-		t.Fatalf("colo-compare: %v, want x-crossed-timeout 20, expired_scan_cycle 10 and compare_timeout 100", compare)
+	if c := compareObject(f); c["x-crossed-timeout"] != float64(20) || c["expired_scan_cycle"] != float64(10) || c["compare_timeout"] != float64(100) {
+		t.Fatalf("colo-compare: %v, want x-crossed-timeout 20, expired_scan_cycle 10 and compare_timeout 100", c)
 	}
 }

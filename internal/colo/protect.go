@@ -87,8 +87,13 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 		e.mu.Unlock()
 		cancel()
 	}()
-	if err := PrimaryCapabilities(ctx, q, e.cfg.Tuning); err != nil {
+	tuning, err := PrimaryCapabilities(ctx, q, e.cfg.Tuning)
+	if err != nil {
 		return err
+	}
+	if tuning.CrossedWait != e.cfg.CrossedWait {
+		e.cfg.Log.Info("this QEMU's colo-compare has no crossed wait (lockstep's hack/qemu/colo-compare-waits-crossed.patch): the two guests' replies that wait for each other wait for the compare timeout",
+			"crossedWait", e.cfg.CrossedWait.String(), "compareTimeout", e.cfg.CompareTimeout.String())
 	}
 	to := target(e.cfg.Pair, peer)
 	if to.Addr == "" || peer.Member == "" {
@@ -132,7 +137,7 @@ func (e *Engine) protect(ctx context.Context, q *qmp.Conn, rec engine.Recorder) 
 			drained = true
 		}
 	}
-	if err := StartPrimary(ctx, q, e.cfg.Sockets, e.cfg.Tuning, afterRewriter, disks); err != nil {
+	if err := StartPrimary(ctx, q, e.cfg.Sockets, tuning, afterRewriter, disks); err != nil {
 		return err
 	}
 	select {

@@ -145,6 +145,7 @@ func TestQEMUImage(t *testing.T) {
 		`{"execute":"query-migrate-capabilities","id":"caps"}`,
 		`{"execute":"qom-list-types","id":"types"}`,
 		`{"execute":"query-vnc","id":"vnc"}`,
+		`{"execute":"query-qmp-schema","id":"schema"}`,
 		`{"execute":"quit"}`,
 	}
 	out := run(strings.Join(qmp, "\n")+"\n", "-machine", "q35", "-accel", "tcg", "-nodefaults", "-display", "none",
@@ -181,6 +182,11 @@ func TestQEMUImage(t *testing.T) {
 		if !slices.ContainsFunc(types, func(ty struct{ Name string }) bool { return ty.Name == want }) {
 			t.Errorf("no QOM type %s", want)
 		}
+	}
+	// colo-compare's crossed wait (lockstepd --colo-crossed-wait), which object-add takes only
+	// where the schema has it.
+	if !strings.Contains(string(replies["schema"]), `"name": "x-crossed-timeout"`) {
+		t.Errorf("no x-crossed-timeout in QEMU's QAPI schema (hack/qemu/colo-compare-waits-crossed.patch)")
 	}
 	if !strings.Contains(string(replies["vnc"]), `"enabled": true`) {
 		t.Errorf("VNC: %s", replies["vnc"])

@@ -121,7 +121,7 @@ type cluster struct {
 	// a scenario sets its own (0: checkpoint and compareTimeout()).
 	period, compareTimeout time.Duration
 	// crossedWait is colo-compare's wait before it checkpoints for data of both guests waiting
-	// crossed, where a scenario sets its own (0: crossedWait()).
+	// crossed, where a scenario sets its own (0: crossedWait(); negative: none).
 	crossedWait time.Duration
 	// guestNoIPv6 boots the busybox guest with IPv6 off: none of its router solicitations and
 	// MLD reports, which colo-compare cannot compare and forces a checkpoint for.
@@ -144,7 +144,7 @@ func (c *cluster) colo() (period, compare time.Duration) {
 // crossed (colo.Tuning's CrossedWait).
 func (c *cluster) crossed() time.Duration {
 	if c.crossedWait != 0 {
-		return c.crossedWait
+		return max(c.crossedWait, 0)
 	}
 	return crossedWait()
 }

@@ -35,7 +35,7 @@ type Options struct {
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Checkpoint, "colo-checkpoint", 2*time.Second, "COLO: the longest time between two checkpoints (colo-compare forces one sooner when the two sides' packets differ).")
 	fs.DurationVar(&o.CompareTimeout, "colo-compare-timeout", 100*time.Millisecond, "COLO: how long colo-compare holds a packet of the primary that the secondary has not matched before it forces a checkpoint.")
-	fs.DurationVar(&o.CrossedWait, "colo-crossed-wait", 20*time.Millisecond, "COLO: force a checkpoint before the compare timeout where data of the primary's has waited this long on one TCP connection and data of the secondary's on another: guests that each wait for what the other gave away, as a database's row locks granted in a different order (lockstep's QEMU, x-crossed-timeout; 0 for a QEMU without it).")
+	fs.DurationVar(&o.CrossedWait, "colo-crossed-wait", 20*time.Millisecond, "COLO: force a checkpoint before the compare timeout where data of the primary's has waited this long on one TCP connection and data of the secondary's on another: guests that each wait for what the other gave away, as a database's row locks granted in a different order (lockstep's QEMU, x-crossed-timeout: a QEMU without it is protected without the wait; 0: off).")
 	fs.BoolVar(&o.RAMAhead, "colo-ram-ahead", true, "COLO: send the pages the VM dirtied while it still runs, just before each checkpoint, so that the checkpoint's pause sends only those dirtied meanwhile (lockstep's QEMU; false for a QEMU without x-colo-ram-ahead).")
 }
 
