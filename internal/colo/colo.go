@@ -227,8 +227,8 @@ func Jobs(ctx context.Context, q *qmp.Conn) ([]Job, error) {
 // through colo-compare, and migrate into COLO, checkpointing as t says (at least every
 // t.Checkpoint; colo-compare forces one sooner when the two sides' packets differ, or when a
 // packet of the primary found no match within t.CompareTimeout, or data of both sides waited
-// crossed for t.CrossedWait, which it looks for every half of the shorter). afterRewriter is set on a primary that was a secondary: its filters must come before the
-// filter-rewriter it kept.
+// crossed for t.CrossedWait, which it looks for every half of the shorter). afterRewriter is set
+// on a primary that was a secondary: its filters must come before the filter-rewriter it kept.
 func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRewriter bool, disks int) error {
 	netdev, err := Netdev(ctx, q)
 	if err != nil {
@@ -251,12 +251,14 @@ func StartPrimary(ctx context.Context, q *qmp.Conn, s Sockets, t Tuning, afterRe
 		}
 		return step{"object-add", args}
 	}
+	shortest := t.CompareTimeout
 	compare := map[string]any{"qom-type": "colo-compare", "id": compareID, "primary_in": "compare0-0", "secondary_in": "compare1", "outdev": "compare_out0", "iothread": "iothread1", "vnet_hdr_support": true,
-		"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1), "expired_scan_cycle": max(t.CompareTimeout.Milliseconds()/2, 1)}
+		"compare_timeout": max(t.CompareTimeout.Milliseconds(), 1)}
 	if t.CrossedWait > 0 {
 		compare[propCrossedTimeout] = max(t.CrossedWait.Milliseconds(), 1)
-		compare["expired_scan_cycle"] = max(min(t.CompareTimeout, t.CrossedWait).Milliseconds()/2, 1)
+		shortest = min(shortest, t.CrossedWait)
 	}
+	compare["expired_scan_cycle"] = max(shortest.Milliseconds()/2, 1)
 	return run(ctx, q, "primary COLO start", false, append(steps, []step{
 		filter("filter-mirror", "m0", "queue", "tx", "outdev", "mirror0"),
 		filter("filter-redirector", "redire0", "queue", "rx", "indev", "compare_out"),

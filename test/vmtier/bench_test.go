@@ -103,17 +103,16 @@ func coloFailover(b *testing.B, on stack) {
 
 // window is what one measurement window saw.
 type window struct {
-	checkpoints           int
-	pauseP50, pauseP90    time.Duration
-	loadP50, loadP90      time.Duration // the secondary's part of the pause
-	onMismatch, onTimeout uint64        // checkpoints colo-compare forced, by cause
-	onCrossed             uint64
-	interval              time.Duration // mean time between checkpoints
-	bytesPerSec           float64
-	requests              int
-	checkpointsPerSecond  float64
-	start                 time.Time // when the window began; it lasted elapsed
-	elapsed               time.Duration
+	checkpoints                      int
+	pauseP50, pauseP90               time.Duration
+	loadP50, loadP90                 time.Duration // the secondary's part of the pause
+	onMismatch, onTimeout, onCrossed uint64        // checkpoints colo-compare forced, by cause
+	interval                         time.Duration // mean time between checkpoints
+	bytesPerSec                      float64
+	requests                         int
+	checkpointsPerSecond             float64
+	start                            time.Time // when the window began; it lasted elapsed
+	elapsed                          time.Duration
 	// longestGap is the longest time in the window without a checkpoint (from its start to the
 	// first, between two, from the last to its end).
 	longestGap time.Duration
