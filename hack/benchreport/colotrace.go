@@ -15,10 +15,10 @@ import (
 )
 
 // coloTrace is what a primary QEMU's log, written with the trace events
-// colo_compare_tcp_miscompare and colo_compare_old_packet (VMTIER_TRACE, VMTIER_LOGS), says of
-// why colo-compare forced the checkpoints it forced between two times: each TCP comparison that
-// failed, by kind (mismatchKind), and each packet that waited past the compare timeout, by its
-// side and kind (packetKind).
+// colo_compare_tcp_miscompare, colo_compare_old_packet and colo_compare_crossed (VMTIER_TRACE,
+// VMTIER_LOGS), says of why colo-compare forced the checkpoints it forced between two times: each
+// TCP comparison that failed, by kind (mismatchKind), each packet that waited past the compare
+// timeout, by its side and kind (packetKind), and each time both guests' data waited crossed.
 type coloTrace struct {
 	// Mismatches counts the distinct failed comparisons (one pair of packets is compared again at
 	// each packet that arrives until the checkpoint) by kind.
@@ -28,7 +28,14 @@ type coloTrace struct {
 	SameRangeSizes map[int]int
 	// Timeouts counts the packets that forced a checkpoint on the timeout, by side and kind.
 	Timeouts map[timedOut]int
+	// Crossed counts the times the two guests' data waited crossed (QEMU patch 16), by how many
+	// connections held each side's data.
+	Crossed map[crossedWait]int
 }
+
+// crossedWait is one time data of the primary waited on Primary connections and the
+// secondary's on Secondary (not the same one), each longer than colo-compare's x-crossed-timeout.
+type crossedWait struct{ Primary, Secondary int }
 
 // timedOut is a packet that waited past the compare timeout: its side ("primary", "secondary")
 // and its kind (packetKind: "data", "FIN", "bare ACK"...).
@@ -47,8 +54,9 @@ var mismatchKinds = []string{sameRange, otherCut, ackAhead, behind, aheadOfPrim}
 
 // parseColoTrace reads the trace lines of r whose timestamps fall in [from, to) (zero: no bound).
 func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
-	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[timedOut]int{}}
+	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[timedOut]int{}, Crossed: map[crossedWait]int{}}
 	seen := map[string]bool{}
+	var lastCrossed time.Time
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -90,6 +98,23 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 				return t, fmt.Errorf("colo_compare_old_packet: %d fields in %q", len(f), sc.Text())
 			}
 			t.Timeouts[timedOut{strings.TrimSuffix(f[2], ":"), packetKind(f[8], strings.TrimPrefix(f[9], "flags="))}]++
+		case "colo_compare_crossed":
+			// data waits over W ms: the primary's on P connections, the secondary's on S
+			if len(f) != 16 {
+				return t, fmt.Errorf("colo_compare_crossed: %d fields in %q", len(f), sc.Text())
+			}
+			wait, err1 := strconv.Atoi(f[5])
+			p, err2 := strconv.Atoi(f[10])
+			s, err3 := strconv.Atoi(f[15])
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return t, fmt.Errorf("%q: %w", sc.Text(), err)
+			}
+			// colo-compare traces the wait at each scan until the checkpoint starts; after a
+			// checkpoint data must wait the whole W again, so lines closer than W are one wait.
+			if lastCrossed.IsZero() || at.Sub(lastCrossed) >= time.Duration(wait)*time.Millisecond {
+				t.Crossed[crossedWait{p, s}]++
+			}
+			lastCrossed = at
 		}
 	}
 	return t, sc.Err()
@@ -169,6 +194,12 @@ func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
 	})
 	for _, k := range timeouts {
 		fmt.Fprintf(&b, "| timeout | the %s's %s waited for its counterpart | %d |\n", k.Side, k.Kind, t.Timeouts[k])
+	}
+	crossed := slices.SortedFunc(maps.Keys(t.Crossed), func(a, b crossedWait) int {
+		return cmp.Or(cmp.Compare(a.Primary, b.Primary), cmp.Compare(a.Secondary, b.Secondary))
+	})
+	for _, k := range crossed {
+		fmt.Fprintf(&b, "| crossed wait | the primary's data waited on %d connections, the secondary's on %d | %d |\n", k.Primary, k.Secondary, t.Crossed[k])
 	}
 	sizes := slices.SortedFunc(maps.Keys(t.SameRangeSizes), func(a, b int) int {
 		return cmp.Compare(t.SameRangeSizes[b], t.SameRangeSizes[a]) // the most frequent first

@@ -21,6 +21,10 @@ qemu-system-x86_64: some other line
 2026-11-27T16:54:07.065306Z colo_compare_old_packet primary: proto= 6 seq/ack= 2754486670/3757196345 pdlen= 0 flags=17 age= 113 ms
 2026-11-27T16:54:07.215880Z colo_compare_old_packet primary: proto= 6 seq/ack= 2754486671/3757196346 pdlen= 0 flags=16 age= 123 ms
 2026-11-27T16:54:08.000000Z colo_compare_old_packet secondary: proto= 6 seq/ack= 1/2 pdlen= 15 flags=25 age= 101 ms
+2026-11-27T16:54:09.000000Z colo_compare_crossed data waits over 20 ms: the primary's on 1 connections, the secondary's on 1
+2026-11-27T16:54:09.012000Z colo_compare_crossed data waits over 20 ms: the primary's on 1 connections, the secondary's on 1
+2026-11-27T16:54:09.050000Z colo_compare_crossed data waits over 20 ms: the primary's on 1 connections, the secondary's on 1
+2026-11-27T16:54:10.000000Z colo_compare_crossed data waits over 20 ms: the primary's on 2 connections, the secondary's on 1
 `
 
 func TestParseColoTrace(t *testing.T) {
@@ -37,21 +41,25 @@ func TestParseColoTrace(t *testing.T) {
 		want         map[string]int
 		wantSizes    map[int]int
 		wantTimeouts map[timedOut]int
+		wantCrossed  map[crossedWait]int
 	}{
 		{
 			name: "every line",
 			// The pair compared twice counts once; the secondary's segment at 1448 of its
 			// payload starts where the primary's does; an acknowledgement across the wrap of
-			// the sequence space (5 after 4294967290) is ahead.
+			// the sequence space (5 after 4294967290) is ahead; a crossed wait traced again
+			// within its 20 ms is the same wait, one 38 ms after it another.
 			want:         map[string]int{sameRange: 2, otherCut: 1, ackAhead: 1, behind: 1, aheadOfPrim: 1},
 			wantSizes:    map[int]int{2896: 1, 34: 1},
 			wantTimeouts: map[timedOut]int{{"primary", "data"}: 1, {"primary", "FIN"}: 1, {"primary", "bare ACK"}: 1, {"secondary", "data"}: 1},
+			wantCrossed:  map[crossedWait]int{{1, 1}: 2, {2, 1}: 1},
 		},
 		{
 			name: "a window", from: at("2026-11-27T16:53:34Z"), to: at("2026-11-27T16:54:07Z"),
 			want:         map[string]int{sameRange: 2, ackAhead: 1, behind: 1, aheadOfPrim: 1},
 			wantSizes:    map[int]int{2896: 1, 34: 1},
 			wantTimeouts: map[timedOut]int{},
+			wantCrossed:  map[crossedWait]int{},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,6 +76,9 @@ func TestParseColoTrace(t *testing.T) {
 			if !maps.Equal(got.Timeouts, tc.wantTimeouts) {
 				t.Errorf("timeouts: got %v, want %v", got.Timeouts, tc.wantTimeouts)
 			}
+			if !maps.Equal(got.Crossed, tc.wantCrossed) {
+				t.Errorf("crossed waits: got %v, want %v", got.Crossed, tc.wantCrossed)
+			}
 		})
 	}
 }
@@ -76,6 +87,8 @@ func TestParseColoTraceRefusesAMangledLine(t *testing.T) {
 	for _, line := range []string{
 		"2026-11-27T16:54:00Z colo_compare_tcp_miscompare pri seq/end/ack= 1/2 offset= 0",
 		"2026-11-27T16:54:00Z colo_compare_old_packet primary: proto= 6 seq/ack= 1/2 pdlen= 0", // no flags
+		"2026-11-27T16:54:00Z colo_compare_crossed data waits over 20 ms: the primary's on 1 connections",
+		"2026-11-27T16:54:00Z colo_compare_crossed data waits over x ms: the primary's on 1 connections, the secondary's on 1",
 	} {
 		if _, err := parseColoTrace(strings.NewReader(line+"\n"), time.Time{}, time.Time{}); err == nil {
 			t.Errorf("%q was read", line)
