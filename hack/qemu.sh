@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's sixteen patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's seventeen patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
-# letting the bare TCP packets left over at a connection's end expire instead of forcing a
+# releasing packets in the order it compared them (it reversed those queued while its output socket
+# was full); colo-compare letting the bare TCP packets left over at a connection's end expire instead of forcing a
 # checkpoint for each; colo-compare holding the primary's packets that it cannot compare (IPv6,
 # ARP) until the next checkpoint instead of releasing them at once, and checkpointing sooner than
 # its timeout when both guests' replies wait for each other; the primary resuming once the secondary has received a checkpoint rather

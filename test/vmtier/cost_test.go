@@ -153,6 +153,9 @@ func mailSession(ctx context.Context, c *cluster, answered func(time.Duration)) 
 	return nil
 }
 
+// bulkPort is the guest's bulk service (hack/guest/bulk): "send N" is answered with N KiB of zeros.
+const bulkPort = counter.Port + 2
+
 func bulkStream(c *cluster, d time.Duration) load {
 	const kib = 1024
 	l := load{name: "bulk stream (1 MiB from the guest)", unit: "MB/s"}
@@ -160,7 +163,7 @@ func bulkStream(c *cluster, d time.Duration) load {
 	var total int64
 	for time.Since(start) < d {
 		t0 := time.Now()
-		conn, err := testnet.DialContext(context.Background(), c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", counter.Port+2))
+		conn, err := testnet.DialContext(context.Background(), c.client, "tcp", c.vmAddr+fmt.Sprintf(":%d", bulkPort))
 		if err != nil {
 			c.t.Fatalf("the bulk service: %v", err)
 		}
