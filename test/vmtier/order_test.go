@@ -71,8 +71,9 @@ func streamFromGuest(t *testing.T, c *cluster, d time.Duration) int64 {
 
 // clientTCPCounters reads the TcpExt counters of the namespace ns (/proc/net/netstat) by name,
 // without the prefix: TCPOFOQueue counts the segments its TCP queued because they came out of
-// order, TCPDSACKOldSent the segments it received again.
-func clientTCPCounters(t *testing.T, ns string) map[string]int64 {
+// order, TCPDSACKOldSent the segments it received again, TCPFastRetrans those it sent again on
+// duplicate acknowledgements.
+func clientTCPCounters(t testing.TB, ns string) map[string]int64 {
 	t.Helper()
 	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/netstat").Output()
 	if err != nil {

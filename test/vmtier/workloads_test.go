@@ -183,7 +183,7 @@ func BenchmarkWorkloads(b *testing.B) {
 			var ms []workloads.Measure
 			var err error
 			do := func() { ms, err = w.Run(ctx, env) }
-			meter := startCPUMeter(pids...)
+			meter, tcpBefore := startCPUMeter(pids...), clientTCPCounters(b, c.client)
 			if protected {
 				win := c.measure(p, 0, do)
 				windows[w.Name] = win
@@ -201,7 +201,9 @@ func BenchmarkWorkloads(b *testing.B) {
 			if err != nil {
 				b.Fatalf("%s (protected: %v): %v", w.Name, protected, err)
 			}
-			b.Logf("%s, protected %v: %v", w.Name, protected, ms)
+			tcp := clientTCPCounters(b, c.client)
+			b.Logf("%s, protected %v: %v; the client's TCP: %d segments queued out of order, %d received twice, %d sent again on duplicate acknowledgements",
+				w.Name, protected, ms, tcp["TCPOFOQueue"]-tcpBefore["TCPOFOQueue"], tcp["TCPDSACKOldSent"]-tcpBefore["TCPDSACKOldSent"], tcp["TCPFastRetrans"]-tcpBefore["TCPFastRetrans"])
 			results[w.Name] = ms
 		}
 		return results, windows, cpu
