@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/testnet"
+	"github.com/lockstep-dev/lockstep/test/workloads"
 )
 
 // TestColoReleasesTheGuestsPacketsInOrder: colo-compare queues what it releases for a coroutine
@@ -83,6 +84,29 @@ func clientTCPCounters(t testing.TB, ns string) map[string]int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return counters
+}
+
+// guestTCPCounters reads the guest's TcpExt counters as clientTCPCounters reads the client's.
+func guestTCPCounters(ctx context.Context, tb testing.TB, env workloads.Env) map[string]int64 {
+	tb.Helper()
+	// Beside TCP's counters, what the guest's kernel dropped before TCP: its NICs' receive drops,
+	// and its backlog's (/proc/net/softnet_stat's second column, in hexadecimal).
+	out, err := env.Guest(ctx, `cat /proc/net/netstat; d=0; while read -r _ b _; do d=$((d + 0x$b)); done < /proc/net/softnet_stat; `+
+		`n=0; for f in /sys/class/net/*/statistics/rx_dropped; do n=$((n + $(cat "$f"))); done; `+
+		`printf 'Dropped: Backlog Receive\nDropped: %d %d\n' "$d" "$n"`)
+	if err != nil {
+		tb.Fatalf("the guest's TCP counters: %v: %s", err, out)
+	}
+	counters, err := parseNetstat(out, "TcpExt")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dropped, err := parseNetstat(out, "Dropped")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	counters["BacklogDropped"], counters["NICDropped"] = dropped["Backlog"], dropped["Receive"]
 	return counters
 }
 

@@ -183,7 +183,7 @@ func BenchmarkWorkloads(b *testing.B) {
 			var ms []workloads.Measure
 			var err error
 			do := func() { ms, err = w.Run(ctx, env) }
-			meter, tcpBefore := startCPUMeter(pids...), clientTCPCounters(b, c.client)
+			meter, tcpBefore, guestBefore := startCPUMeter(pids...), clientTCPCounters(b, c.client), guestTCPCounters(ctx, b, env)
 			if protected {
 				win := c.measure(p, 0, do)
 				windows[w.Name] = win
@@ -201,9 +201,13 @@ func BenchmarkWorkloads(b *testing.B) {
 			if err != nil {
 				b.Fatalf("%s (protected: %v): %v", w.Name, protected, err)
 			}
-			tcp := clientTCPCounters(b, c.client)
-			b.Logf("%s, protected %v: %v; the client's TCP: %d segments queued out of order, %d received twice, %d sent again on duplicate acknowledgements",
-				w.Name, protected, ms, tcp["TCPOFOQueue"]-tcpBefore["TCPOFOQueue"], tcp["TCPDSACKOldSent"]-tcpBefore["TCPDSACKOldSent"], tcp["TCPFastRetrans"]-tcpBefore["TCPFastRetrans"])
+			tcp, guest := clientTCPCounters(b, c.client), guestTCPCounters(ctx, b, env)
+			b.Logf("%s, protected %v: %v; the client's TCP: %d segments queued out of order, %d received twice, %d sent again on duplicate acknowledgements; "+
+				"the guest's: %d queued out of order, %d received twice, %d sent again on duplicate acknowledgements, %d dropped by TCP, %d by the kernel's backlog, %d by its NIC",
+				w.Name, protected, ms, tcp["TCPOFOQueue"]-tcpBefore["TCPOFOQueue"], tcp["TCPDSACKOldSent"]-tcpBefore["TCPDSACKOldSent"], tcp["TCPFastRetrans"]-tcpBefore["TCPFastRetrans"],
+				guest["TCPOFOQueue"]-guestBefore["TCPOFOQueue"], guest["TCPDSACKOldSent"]-guestBefore["TCPDSACKOldSent"], guest["TCPFastRetrans"]-guestBefore["TCPFastRetrans"],
+				guest["TCPBacklogDrop"]+guest["TCPRcvQDrop"]+guest["TCPOFODrop"]-guestBefore["TCPBacklogDrop"]-guestBefore["TCPRcvQDrop"]-guestBefore["TCPOFODrop"],
+				guest["BacklogDropped"]-guestBefore["BacklogDropped"], guest["NICDropped"]-guestBefore["NICDropped"])
 			results[w.Name] = ms
 		}
 		return results, windows, cpu
