@@ -244,7 +244,9 @@ func pingPongReport(w io.Writer, primaryLog, secondaryLog string, from, to time.
 		if len(ds) == 0 {
 			continue
 		}
-		ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64) + " ms" }
+		ms := func(d time.Duration) string {
+			return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64) + " ms"
+		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", span.name, ms(ds[len(ds)/2]), ms(ds[len(ds)*9/10]))
 	}
 	_, err := io.WriteString(w, b.String())
