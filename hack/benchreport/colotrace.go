@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"errors"
 	"fmt"
@@ -57,26 +56,16 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 	t := coloTrace{Mismatches: map[string]int{}, SameRangeSizes: map[int]int{}, Timeouts: map[timedOut]int{}, Crossed: map[crossedWait]int{}}
 	seen := map[string]bool{}
 	var lastCrossed time.Time
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 {
-			continue
-		}
-		at, err := time.Parse(time.RFC3339Nano, f[0])
-		if err != nil || (!from.IsZero() && at.Before(from)) || (!to.IsZero() && !at.Before(to)) {
-			continue
-		}
+	err := eachTraceLine(r, from, to, 3, func(at time.Time, f []string, line string) error {
 		switch f[1] {
 		case "colo_compare_tcp_miscompare":
 			// pri seq/end/ack= A/B/C offset= N sec seq/end/ack= D/E/F offset= M min_ack= G
 			if len(f) != 14 {
-				return t, fmt.Errorf("colo_compare_tcp_miscompare: %d fields in %q", len(f), sc.Text())
+				return fmt.Errorf("colo_compare_tcp_miscompare: %d fields in %q", len(f), line)
 			}
 			key := f[4] + " " + f[9]
 			if seen[key] {
-				continue
+				return nil
 			}
 			seen[key] = true
 			p, err1 := seqEndAck(f[4])
@@ -85,7 +74,7 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 			pOff, err4 := strconv.ParseUint(f[6], 10, 16)
 			sOff, err5 := strconv.ParseUint(f[11], 10, 16)
 			if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
-				return t, fmt.Errorf("%q: %w", sc.Text(), err)
+				return fmt.Errorf("%q: %w", line, err)
 			}
 			kind := mismatchKind(p, s, uint32(pOff), uint32(sOff), uint32(minAck))
 			t.Mismatches[kind]++
@@ -95,19 +84,19 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 		case "colo_compare_old_packet":
 			// primary: proto= 6 seq/ack= A/B pdlen= N flags=F age= MS ms
 			if len(f) < 10 {
-				return t, fmt.Errorf("colo_compare_old_packet: %d fields in %q", len(f), sc.Text())
+				return fmt.Errorf("colo_compare_old_packet: %d fields in %q", len(f), line)
 			}
 			t.Timeouts[timedOut{strings.TrimSuffix(f[2], ":"), packetKind(f[8], strings.TrimPrefix(f[9], "flags="))}]++
 		case "colo_compare_crossed":
 			// data waits over W ms: the primary's on P connections, the secondary's on S
 			if len(f) != 16 {
-				return t, fmt.Errorf("colo_compare_crossed: %d fields in %q", len(f), sc.Text())
+				return fmt.Errorf("colo_compare_crossed: %d fields in %q", len(f), line)
 			}
 			wait, err1 := strconv.Atoi(f[5])
 			p, err2 := strconv.Atoi(f[10])
 			s, err3 := strconv.Atoi(f[15])
 			if err := errors.Join(err1, err2, err3); err != nil {
-				return t, fmt.Errorf("%q: %w", sc.Text(), err)
+				return fmt.Errorf("%q: %w", line, err)
 			}
 			// colo-compare traces the wait at each scan until the checkpoint starts; after a
 			// checkpoint data must wait the whole W again, so lines closer than W are one wait.
@@ -116,8 +105,9 @@ func parseColoTrace(r io.Reader, from, to time.Time) (coloTrace, error) {
 			}
 			lastCrossed = at
 		}
-	}
-	return t, sc.Err()
+		return nil
+	})
+	return t, err
 }
 
 // mismatchKind says why colo-compare's comparison of the primary's segment p with the secondary's
@@ -202,7 +192,7 @@ func coloTraceReport(w io.Writer, path string, from, to time.Time) error {
 		fmt.Fprintf(&b, "| crossed wait | the primary's data waited on %d connections, the secondary's on %d | %d |\n", k.Primary, k.Secondary, t.Crossed[k])
 	}
 	sizes := slices.SortedFunc(maps.Keys(t.SameRangeSizes), func(a, b int) int {
-		return cmp.Compare(t.SameRangeSizes[b], t.SameRangeSizes[a]) // the most frequent first
+		return cmp.Or(cmp.Compare(t.SameRangeSizes[b], t.SameRangeSizes[a]), cmp.Compare(a, b)) // the most frequent first, then the smallest
 	})
 	if len(sizes) > 0 {
 		b.WriteString("\nsame-range mismatches by payload size:")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"fmt"
 	"io"
@@ -32,6 +31,21 @@ func (x exchange) complete() bool {
 		!x.secondaryReply.IsZero() && !x.match.IsZero() && !x.release.IsZero()
 }
 
+// slot is where x keeps the time of a step other than its primary's request.
+func (x *exchange) slot(s step) *time.Time {
+	switch s {
+	case secondaryRequest:
+		return &x.secondaryRequest
+	case primaryReply:
+		return &x.primaryReply
+	case secondaryReply:
+		return &x.secondaryReply
+	case match:
+		return &x.match
+	}
+	return &x.release
+}
+
 // dataFill is the least a receive buffer holds of a segment with data: a buffer of 128 bytes or
 // less holds only headers (virtio-net's, Ethernet's, IP's and TCP's: 78 bytes with timestamps).
 const dataFill = 128
@@ -50,30 +64,6 @@ const (
 type stepAt struct {
 	at   time.Time
 	step step
-}
-
-// traceLine is one event of a QEMU log: its time and its words after the time.
-type traceLine struct {
-	at     time.Time
-	fields []string
-}
-
-func readTraceLines(r io.Reader, from, to time.Time) ([]traceLine, error) {
-	var lines []traceLine
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 {
-			continue
-		}
-		at, err := time.Parse(time.RFC3339Nano, f[0])
-		if err != nil || (!from.IsZero() && at.Before(from)) || (!to.IsZero() && !at.Before(to)) {
-			continue
-		}
-		lines = append(lines, traceLine{at, f[1:]})
-	}
-	return lines, sc.Err()
 }
 
 // netQueues finds the NIC's receive and transmit virtqueues of a log: the queue most popped with
@@ -164,9 +154,7 @@ func exchanges(primary, secondary []traceLine) []exchange {
 			continue
 		}
 		x := &xs[len(xs)-1]
-		slot := map[step]*time.Time{secondaryRequest: &x.secondaryRequest, primaryReply: &x.primaryReply,
-			secondaryReply: &x.secondaryReply, match: &x.match, release: &x.release}[s.step]
-		if slot.IsZero() && (s.step != release || !x.match.IsZero()) {
+		if slot := x.slot(s.step); slot.IsZero() && (s.step != release || !x.match.IsZero()) {
 			*slot = s.at
 		}
 	}
@@ -199,6 +187,10 @@ var pingPongSpans = []pingPongSpan{
 		}
 		return next.primaryRequest.Sub(x.primaryRequest)
 	}},
+}
+
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64) + " ms"
 }
 
 func pingPongReport(w io.Writer, primaryLog, secondaryLog string, from, to time.Time) error {
@@ -243,9 +235,6 @@ func pingPongReport(w io.Writer, primaryLog, secondaryLog string, from, to time.
 		slices.SortFunc(ds, cmp.Compare)
 		if len(ds) == 0 {
 			continue
-		}
-		ms := func(d time.Duration) string {
-			return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64) + " ms"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", span.name, ms(ds[len(ds)/2]), ms(ds[len(ds)*9/10]))
 	}

@@ -30,11 +30,12 @@ import (
 // NIC to the client (a tap, a bridge and a veth of this host) drops or reorders.
 func TestColoReleasesTheGuestsPacketsInOrder(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, direct, busybox)
+	const span = 10 * time.Second
 	before, checkpointsBefore, causesBefore := clientTCPCounters(t, c.client), checkpointsOf(t, s), causesOf(t, p)
-	received := streamFromGuest(t, c, 10*time.Second)
+	received := streamFromGuest(t, c, span)
 	after, checkpoints, causes := clientTCPCounters(t, c.client), checkpointsOf(t, s)-checkpointsBefore, causesOf(t, p)
 	t.Logf("%.1f MB/s from the guest, %d checkpoints (colo-compare asked for %d on a mismatch, %d on a timeout)",
-		float64(received)/1e6/10, checkpoints, causes.Mismatch-causesBefore.Mismatch, causes.Timeout-causesBefore.Timeout)
+		float64(received)/1e6/span.Seconds(), checkpoints, causes.Mismatch-causesBefore.Mismatch, causes.Timeout-causesBefore.Timeout)
 	if checkpoints < 2 {
 		t.Fatalf("%d checkpoints during the stream: nothing was flushed at a checkpoint", checkpoints)
 	}
