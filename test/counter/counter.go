@@ -83,9 +83,10 @@ func AskOn(c net.Conn) (Reply, error) {
 
 // Checker follows one client's replies.
 type Checker struct {
-	// Last is the last count the client saw; Boot the boot id of the first reply.
-	Last int
-	Boot string
+	// Last is the last count the client saw; Boot the boot id of the last reply, LastAt when it came.
+	Last   int
+	Boot   string
+	LastAt time.Time
 	// unanswered counts the requests since the last reply that got none: each may or may not
 	// have reached the VM, so the next count may be up to that many beyond Last+1.
 	unanswered int
@@ -94,15 +95,17 @@ type Checker struct {
 // Failed records a request that got no reply.
 func (c *Checker) Failed() { c.unanswered++ }
 
-// Check checks a reply against what the client saw before, and records it.
+// Check checks a reply against what the client saw before, and records it. A reboot is reported
+// once, with the gap before it (how long the VM did not answer, and how often it was asked).
 func (c *Checker) Check(r Reply) error {
 	if c.Boot == "" {
-		c.Boot, c.Last, c.unanswered = r.BootID, r.Count-1, 0
+		c.Boot, c.Last, c.LastAt, c.unanswered = r.BootID, r.Count-1, r.At, 0
 	}
 	var err error
 	switch {
 	case r.BootID != c.Boot:
-		err = fmt.Errorf("the VM rebooted: boot id %s, first %s", r.BootID, c.Boot)
+		err = fmt.Errorf("the VM rebooted: boot id %s after %s, whose last reply came at %s; %d requests unanswered in the %s between",
+			r.BootID, c.Boot, c.LastAt.Format("15:04:05.000"), c.unanswered, r.At.Sub(c.LastAt).Round(time.Millisecond))
 	case r.Count <= c.Last:
 		err = fmt.Errorf("the count went back: %d after %d", r.Count, c.Last)
 	case r.Count > c.Last+1+c.unanswered:
@@ -110,6 +113,6 @@ func (c *Checker) Check(r Reply) error {
 	case r.Disk != r.Count:
 		err = fmt.Errorf("the disk holds count=%d, the reply count=%d", r.Disk, r.Count)
 	}
-	c.Last, c.unanswered = r.Count, 0
+	c.Last, c.Boot, c.LastAt, c.unanswered = r.Count, r.BootID, r.At, 0
 	return err
 }

@@ -15,6 +15,7 @@ func TestChecker(t *testing.T) {
 		{"skips one unanswered", []Reply{{Count: 5, BootID: "a", Disk: 5}, {Count: 7, BootID: "a", Disk: 7}}, []int{1}, -1},
 		{"skips beyond unanswered", []Reply{{Count: 5, BootID: "a", Disk: 5}, {Count: 8, BootID: "a", Disk: 8}}, []int{1}, 1},
 		{"reboots", []Reply{{Count: 5, BootID: "a", Disk: 5}, {Count: 6, BootID: "b", Disk: 6}}, nil, 1},
+		{"reboots, said once", []Reply{{Count: 5, BootID: "a", Disk: 5}, {Count: 6, BootID: "b", Disk: 6}, {Count: 7, BootID: "b", Disk: 7}}, nil, 1},
 		{"disk behind", []Reply{{Count: 5, BootID: "a", Disk: 5}, {Count: 6, BootID: "a", Disk: 5}}, nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,9 @@ import (
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
+// specStart is when the running spec began (its events are the ones that explain a violation).
+var specStart time.Time
+
 // The FaultTolerantVM of testdata/counter-vm.yaml and its guest's address.
 const (
 	ftvmName = "counter"
@@ -48,14 +52,13 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		guest.stop()
 		if cl != nil {
 			cl.stop()
-			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids")
+			expectNoViolation(cl)
 			GinkgoWriter.Printf("the client got %d replies; the last: count=%d\n", cl.Count(), cl.Last().Count)
 		}
 	})
+	BeforeEach(func() { specStart = time.Now() })
 	AfterEach(func() {
-		if cl != nil {
-			Expect(cl.Violations()).To(BeEmpty(), "the client saw what FT forbids")
-		}
+		expectNoViolation(cl)
 		guest.check(CurrentSpecReport().LeafNodeText)
 	})
 
@@ -369,6 +372,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		figures.Add("lockstepd rollout (4 nodes): image changed → every pod replaced and ready", rollout.took)
 		figures.Add("lockstepd rollout (4 nodes): the VM unprotected, in all", rollout.unprotected)
 		GinkgoWriter.Print(rollout.timeline())
+		expectNoViolation(cl, rollout.timeline())
 		Expect(rollout.replaced).To(HaveLen(nodes), "every node's lockstepd was replaced\n%s", rollout.timeline())
 		Expect(rollout.unprotectedAtRestart).To(BeEmpty(),
 			"a node's lockstepd was stopped before the VM was protected again, by a new secondary, after a restart on a node of its members\n%s", rollout.timeline())
@@ -399,8 +403,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		for _, step := range steps {
 			took := runFullStackStep(step)
 			figures.Add(fmt.Sprintf("chaos step %d, %s: fault → Protected again", step.N, strings.TrimSpace(string(step.Action)+" "+step.Target)), took)
-			v := cl.Violations()
-			Expect(v).To(BeEmpty(), "at or before step %d (seed %d) the client saw what FT forbids: %s\n%s", step.N, seed, strings.Join(v, "; "), schedule)
+			expectNoViolation(cl, fmt.Sprintf("at or before step %d (seed %d)\n%s", step.N, seed, schedule))
 			guest.check(fmt.Sprintf("chaos step %d (seed %d), %s", step.N, seed, step))
 			now := getFTVM().Status.FailoverCount
 			Expect(now).To(BeNumerically(">=", failovers), "the failover count went back\n%s", schedule)
@@ -520,6 +523,44 @@ func nodeSchedulable(name string) bool {
 		}
 	}
 	return nodeReady(name)
+}
+
+// vmWarnings are the operator's Warning events about the VM since since, oldest first, one per
+// line: the failovers, restarts and fences that explain what the client saw.
+func vmWarnings(since time.Time) string {
+	var list eventsv1.EventList
+	if err := k8s.List(context.Background(), &list, ctrlclient.InNamespace("default")); err != nil {
+		return "(the events could not be listed: " + err.Error() + ")"
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return eventTime(list.Items[i]).Before(eventTime(list.Items[j])) })
+	var b strings.Builder
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning && e.Regarding.Name == ftvmName && !eventTime(e).Before(since) {
+			fmt.Fprintf(&b, "  %s %s %s: %s\n", eventTime(e).Format("15:04:05"), e.Reason, e.Action, e.Note)
+		}
+	}
+	if b.Len() == 0 {
+		return "  (none)\n"
+	}
+	return b.String()
+}
+
+func eventTime(e eventsv1.Event) time.Time {
+	if !e.EventTime.IsZero() {
+		return e.EventTime.Time
+	}
+	return e.DeprecatedLastTimestamp.Time
+}
+
+// expectNoViolation: the client saw nothing that FT forbids; if it did, the VM's Warning events
+// since the spec began say what the operator decided meanwhile.
+func expectNoViolation(cl *client, extra ...string) {
+	if cl == nil {
+		return
+	}
+	v := cl.Violations()
+	ExpectWithOffset(1, v).To(BeEmpty(), "the client saw what FT forbids; the VM's Warning events since %s:\n%s%s",
+		specStart.Format("15:04:05"), vmWarnings(specStart), strings.Join(extra, ""))
 }
 
 // promotionNote is the note of the operator's event that promoted vmi ("" until there is one).
