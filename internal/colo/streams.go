@@ -21,7 +21,10 @@ func (e *Engine) pairWith(peer func() relay.Target, cps *Checkpoints, dials, lis
 	pctx, cancel := context.WithCancel(context.Background())
 	p := &pairing{cancel: cancel}
 	for _, s := range dials {
-		f := &relay.Forward{Stream: s, Path: e.cfg.Sockets.Path(s), Peer: peer, TLS: e.cfg.TLS, Dial: e.cfg.Dial, Owner: e.cfg.Owner}
+		f := &relay.Forward{Stream: s, Path: e.cfg.Sockets.Path(s), Peer: peer, TLS: e.cfg.TLS, Dial: e.cfg.Dial, Owner: e.cfg.Owner,
+			// The secondary's packet streams: its filter-redirectors read and write them for one
+			// protection, and stop reading for good once a connection closes.
+			Once: s == StreamMirror || s == StreamCompare}
 		if s == StreamMigration && cps != nil {
 			f.FromPeer = cps.Observe
 		}

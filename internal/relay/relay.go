@@ -236,10 +236,22 @@ type Forward struct {
 	// Owner, when set, is given the socket: QEMU runs as another user than lockstepd (KubeVirt's
 	// launcher runs it as uid 107) and must be able to connect.
 	Owner *Owner
+	// Once is for a stream whose QEMU side never reads again once its connection closes: QEMU's
+	// filter-redirector drops its socket for good at the first disconnect, although the chardev
+	// reconnects. Such a Forward keeps QEMU's connection open while the peer refuses the stream
+	// (its route is not there yet: the other member has not got that far), dialling again until
+	// the peer carries it; and it carries one connection only: once that ended, QEMU's next ones
+	// are closed at once, so that the peer's QEMU never writes into a stream that nobody reads
+	// (a filter-mirror whose socket fills stops its whole VM).
+	Once bool
 	Counters
 
 	conns conns
+	ended atomic.Bool // Once: a connection of QEMU's ended
 }
+
+// refusedRetry is how soon a Once Forward dials again after the peer refused the stream.
+const refusedRetry = 200 * time.Millisecond
 
 // Listen opens the Unix socket (replacing a stale one) and serves it until ctx ends; then every
 // connection is cut.
@@ -273,24 +285,50 @@ func (f *Forward) Listen(ctx context.Context) error {
 }
 
 func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
+	if f.Once && f.ended.Load() {
+		_ = local.Close()
+		return
+	}
+	for {
+		peer, err := f.open(ctx)
+		if err == nil && !carry(ctx, &f.conns, peer, local, &f.Counters, f.FromPeer, f.Once) {
+			f.ended.Store(true)
+			return
+		}
+		if !f.Once {
+			_ = local.Close()
+			return
+		}
+		// Refused, or the peer is not reachable yet: nothing went either way, and QEMU's
+		// connection stays open for the next attempt.
+		select {
+		case <-ctx.Done():
+			_ = local.Close()
+			f.ended.Store(true)
+			return
+		case <-time.After(refusedRetry):
+		}
+	}
+}
+
+// open dials the peer and names the stream.
+func (f *Forward) open(ctx context.Context) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	to := f.Peer()
 	raw, err := orDefault(f.Dial)(dctx, to.Addr)
 	if err != nil {
-		_ = local.Close()
-		return
+		return nil, err
 	}
 	bc := &batchConn{Conn: raw}
 	c := tls.Client(bc, to.tls(f.TLS))
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
 	if _, err := io.WriteString(c, to.Key+"\x00"+f.Stream+"\n"); err != nil {
 		_ = c.Close()
-		_ = local.Close()
-		return
+		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
-	pipe(ctx, &f.conns, tlsBatched{c, bc}, local, &f.Counters, f.FromPeer)
+	return tlsBatched{c, bc}, nil
 }
 
 // Probe checks that the target's stream server is reachable, is the target's node and accepts
@@ -322,34 +360,72 @@ func orDefault(dial func(ctx context.Context, addr string) (net.Conn, error)) fu
 // pipe copies both ways between the peer's connection and the local one until either ends,
 // then closes both: a COLO stream that lost one direction is lost.
 func pipe(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte)) {
+	carry(ctx, cs, peer, local, n, fromPeer, false)
+}
+
+// carry is pipe; with holdIfRefused, a peer that ends the stream before a byte went either way
+// refused it: carry then closes only the peer's connection, leaves the local one open (and
+// unread) and reports refused.
+func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte), holdIfRefused bool) (refused bool) {
 	if !cs.add(peer) {
 		_ = peer.Close()
 		_ = local.Close()
-		return
+		return false
 	}
 	cs.add(local)
 	defer func() {
 		cs.remove(peer)
-		cs.remove(local)
+		if !refused {
+			cs.remove(local)
+		}
 	}()
 	stop := context.AfterFunc(ctx, func() { _ = peer.Close(); _ = local.Close() })
 	defer stop()
-	done := make(chan struct{}, 2)
+	var taken, received atomic.Uint64 // this connection's: read from QEMU, written to QEMU
+	toPeer, fromPeerDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		copyCounting(peer, local, &n.toPeer, nil)
-		done <- struct{}{}
+		copyCounting(peer, readCounting{local, &taken}, nil, &n.toPeer)
+		close(toPeer)
 	}()
 	go func() {
-		copyCounting(local, peer, &n.fromPeer, fromPeer)
-		done <- struct{}{}
+		copyCounting(local, peer, fromPeer, &n.fromPeer, &received)
+		close(fromPeerDone)
 	}()
-	<-done
+	select {
+	case <-toPeer:
+	case <-fromPeerDone:
+		if holdIfRefused && received.Load() == 0 {
+			// Stop reading QEMU's side without closing it.
+			_ = peer.Close()
+			_ = local.SetReadDeadline(time.Now())
+			<-toPeer
+			_ = local.SetReadDeadline(time.Time{})
+			if taken.Load() == 0 && ctx.Err() == nil {
+				return true
+			}
+		}
+	}
 	_ = peer.Close()
 	_ = local.Close()
-	<-done
+	<-toPeer
+	<-fromPeerDone
+	return false
 }
 
-func copyCounting(dst io.Writer, src io.Reader, n *atomic.Uint64, see func([]byte)) {
+// readCounting counts what is read from r, written on or not.
+type readCounting struct {
+	r io.Reader
+	n *atomic.Uint64
+}
+
+func (c readCounting) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(uint64(k))
+	return k, err
+}
+
+// copyCounting copies src to dst, adding what it wrote to each of counts.
+func copyCounting(dst io.Writer, src io.Reader, see func([]byte), counts ...*atomic.Uint64) {
 	buf := make([]byte, 64<<10)
 	for {
 		k, err := src.Read(buf)
@@ -360,7 +436,9 @@ func copyCounting(dst io.Writer, src io.Reader, n *atomic.Uint64, see func([]byt
 			if _, werr := dst.Write(buf[:k]); werr != nil {
 				return
 			}
-			n.Add(uint64(k))
+			for _, n := range counts {
+				n.Add(uint64(k))
+			}
 		}
 		if err != nil {
 			return

@@ -168,6 +168,63 @@ func TestUnknownStreamIsRefusedAndUnrouteCuts(t *testing.T) {
 	}
 }
 
+// A secondary's packet stream (Once): QEMU's filter-redirector reads its socket only until the
+// first disconnect. So while the primary's side has no route yet, the Forward keeps QEMU's
+// connection open and dials again; once routed the stream flows on that same connection; and
+// after it ended, QEMU's next connection is closed at once rather than carried to a peer that
+// would write into it with nobody reading.
+func TestAOnceForwardHoldsQEMUsConnectionUntilRoutedAndCarriesOnlyOne(t *testing.T) {
+	n := newNodes(t)
+	f := &relay.Forward{Stream: "mirror", Path: filepath.Join(n.dir, "mirror.fwd"), Once: true,
+		Peer: func() relay.Target { return n.target() }, TLS: n.tlsA}
+	if err := f.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	// Refused for a while (each refusal follows a handshake): the connection stays open.
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(make([]byte, 1)); !isTimeout(err) {
+		t.Fatalf("QEMU's connection ended while the peer had no route: %v", err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+
+	qemuSock := filepath.Join(n.dir, "qemu.sock")
+	echo(t, qemuSock)
+	n.server.Route("ns", "vm", "mirror", qemuSock)
+	msg := []byte("the packets flow once routed")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("through the held connection: %q, %v", got, err)
+	}
+
+	n.server.Unroute("ns", "vm", "mirror")
+	if !closed(c) {
+		t.Fatal("Unroute did not cut the carried stream")
+	}
+	n.server.Route("ns", "vm", "mirror", qemuSock)
+	again, err := net.Dial("unix", f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = again.Close() }()
+	if !closed(again) {
+		t.Fatal("a second connection of QEMU's was carried after the first ended")
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 func TestForwardCutsItsStreamsWhenStopped(t *testing.T) {
 	n := newNodes(t)
 	qemuSock := filepath.Join(n.dir, "qemu.sock")
