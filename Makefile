@@ -132,7 +132,7 @@ debian-guest-assets: ## The real guest (hack/debian-guest.sh: Debian 12 by deboo
 	DEBIAN_GUEST_VARIANT=workloads hack/debian-guest.sh >/dev/null
 
 .PHONY: test-vm
-test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover while a checkpoint's RAM goes ahead, a secondary catching up from an earlier secondary's copies, what colo-compare holds, the packets it releases reaching the client in order, a secondary started before its primary protects still reading the mirrored packets, a request that reached the secondary while its VM was stopped or loaded a checkpoint, the primary's disk writes completing before the secondary has them, lockstepd restarts and finding its members (the plain failovers run in test-libvirt).
+test-vm: vm-assets envtest-assets test-crds ## The VM tier: COLO pairs of real QEMU, launched as a launcher would, with lockstepd's production wiring (and its binary) attached, in network namespaces: failover while a checkpoint's RAM goes ahead, a secondary catching up from an earlier secondary's copies, what colo-compare holds, the packets it releases reaching the client in order, a secondary started before its primary protects still reading the mirrored packets, a primary whose QEMU is stuck failed over, a request that reached the secondary while its VM was stopped or loaded a checkpoint, the primary's disk writes completing before the secondary has them, lockstepd restarts and finding its members (the plain failovers run in test-libvirt).
 	hack/gotest.sh vm -tags vmtier -count=1 -timeout 30m -run Test -skip TestLibvirt -v ./test/vmtier/...
 
 .PHONY: libvirt-assets

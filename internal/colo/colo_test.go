@@ -29,6 +29,8 @@ type fakeQEMU struct {
 	replies map[string]any
 	// events are sent, each once, after the reply to the command that names them.
 	events map[string][]map[string]any
+	// hang names the commands that get no reply, as from a QEMU whose main loop is stuck.
+	hang map[string]bool
 
 	mu      sync.Mutex
 	cmds    []string
@@ -62,6 +64,9 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 				f.objects = append(f.objects, req.Arguments)
 			}
 			f.mu.Unlock()
+			if f.hang[req.Execute] {
+				continue
+			}
 			reply := map[string]any{"id": req.ID, "return": map[string]any{}}
 			switch {
 			case f.refuse[req.Execute] != "":

@@ -95,6 +95,9 @@ type Engine struct {
 	// tracked is the secondary whose replicas replicaBitmap counts from: the last one resynced.
 	tracked    string
 	watchEvery time.Duration // how often Run checks that the protection holds
+	// monitorTimeout bounds each of those checks: a protected primary whose QEMU does not answer
+	// for that long, twice in a row, is stuck (see watchProtection).
+	monitorTimeout time.Duration
 	// lastCheckpoint is when the current protection began or last checkpointed.
 	lastCheckpoint time.Time
 	protectErr     string // why the last protection failed, until one succeeds
@@ -108,7 +111,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.CompareTimeout <= 0 {
 		cfg.CompareTimeout = 3 * time.Second
 	}
-	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary, watchEvery: 5 * time.Second,
+	return &Engine{cfg: cfg, kick: make(chan struct{}, 1), cps: make(chan Checkpoint, 256), live: cfg.Primary, watchEvery: 5 * time.Second, monitorTimeout: 15 * time.Second,
 		interval: ftlog.Interval{Alpha: 1.0 / 8}, pause: ftlog.Interval{Alpha: 1.0 / 8}}
 }
 
@@ -356,11 +359,26 @@ func (e *Engine) watchProtection(ctx context.Context, q *qmp.Conn, rec engine.Re
 	}
 	why := known
 	if why == "" {
-		if why = e.brokenBecause(ctx, q); why == "" {
+		cctx, cancel := context.WithTimeout(ctx, e.monitorTimeout)
+		why = e.brokenBecause(cctx, q)
+		stuck := errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		cancel()
+		if stuck {
+			why = fmt.Sprintf("QEMU did not answer its monitor for %s", e.monitorTimeout)
+		}
+		if why == "" {
 			return 0, nil
 		}
 		if broken++; broken < 2 {
 			return broken, nil
+		}
+		if stuck {
+			// QEMU's main loop is stuck, with its big lock held (a filter-mirror writing into a
+			// full socket does that), so its vCPUs and every reply are too; nothing sent over
+			// its monitor would be carried out. The secondary holds the last checkpoint, and
+			// nothing after it has left: the engine stops, the side is fenced (its QEMU killed)
+			// and the secondary, told that this side resigned, takes over.
+			return 0, fmt.Errorf("the VM is stuck while protected: %s, twice in a row", why)
 		}
 	}
 	e.cfg.Log.Info("the protection broke; the pair is claimed from the secondary before the VM's output leaves", "why", why)

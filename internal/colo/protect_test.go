@@ -171,6 +171,40 @@ func TestABrokenProtectionIsClaimedBeforeItsOutputLeaves(t *testing.T) {
 	}
 }
 
+// TestAPrimaryWhoseQEMUIsStuckStopsItsEngine: a protected primary's QEMU that does not answer its
+// monitor, twice in a row, has its main loop stuck with the big lock held, and its VM with it.
+// The engine stops with an error (the agent then fences the side, which kills QEMU, and the
+// secondary takes over from the last checkpoint) without a command sent to that QEMU: a claim's
+// teardown would hang on it as well.
+func TestAPrimaryWhoseQEMUIsStuckStopsItsEngine(t *testing.T) {
+	up := []map[string]string{{"label": "mirror0", "filename": "unix:/m"}, {"label": "compare1", "filename": "unix:/c"}}
+	f := &fakeQEMU{hang: map[string]bool{"query-colo-status": true}, replies: map[string]any{"query-chardev": up}}
+	e := NewEngine(EngineConfig{Pair: "ns/vm", Member: "vm-1", Primary: true, Sockets: Sockets{Dir: t.TempDir()}, Log: logr.Discard()})
+	q := f.conn(t)
+	e.q, e.replicated, e.watchEvery, e.monitorTimeout = q, 1, 10*time.Millisecond, 50*time.Millisecond
+	e.peer, e.protectedPeer, e.protected = engine.Peer{Member: "vm-2"}, "vm-2", true
+	e.lastCheckpoint = time.Now()
+	rec := &logged{fake: f}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(context.Background(), rec) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stuck") {
+			t.Fatalf("Run returned %v, want the VM stuck", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine went on with a QEMU that does not answer")
+	}
+	if n := len(rec.dropped()); n != 0 {
+		t.Fatalf("the pair was claimed %d times from a stuck QEMU's engine", n)
+	}
+	for _, c := range f.commands() {
+		if c != "qmp_capabilities" && c != "cont" && c != "query-colo-status" {
+			t.Fatalf("the engine sent %s to a QEMU that does not answer: %v", c, f.commands())
+		}
+	}
+}
+
 // TestProtectFailureKeepsTheFirstReason: after a secondary's first protection failed, every retry
 // fails because it cannot be migrated into twice; the status keeps the first reason beside it.
 func TestProtectFailureKeepsTheFirstReason(t *testing.T) {
