@@ -381,26 +381,26 @@ func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fr
 	}()
 	stop := context.AfterFunc(ctx, func() { _ = peer.Close(); _ = local.Close() })
 	defer stop()
-	var taken, received atomic.Uint64 // this connection's: read from QEMU, written to QEMU
+	var moved atomic.Uint64 // this connection's bytes, read from QEMU or written to it
 	toPeer, fromPeerDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		copyCounting(peer, readCounting{local, &taken}, nil, &n.toPeer)
+		copyCounting(peer, readCounting{local, &moved}, nil, &n.toPeer)
 		close(toPeer)
 	}()
 	go func() {
-		copyCounting(local, peer, fromPeer, &n.fromPeer, &received)
+		copyCounting(local, peer, fromPeer, &n.fromPeer, &moved)
 		close(fromPeerDone)
 	}()
 	select {
 	case <-toPeer:
 	case <-fromPeerDone:
-		if holdIfRefused && received.Load() == 0 {
-			// Stop reading QEMU's side without closing it.
+		if holdIfRefused && moved.Load() == 0 {
+			// Stop reading QEMU's side without closing it; refused if it gave nothing meanwhile.
 			_ = peer.Close()
 			_ = local.SetReadDeadline(time.Now())
 			<-toPeer
 			_ = local.SetReadDeadline(time.Time{})
-			if taken.Load() == 0 && ctx.Err() == nil {
+			if moved.Load() == 0 && ctx.Err() == nil {
 				return true
 			}
 		}

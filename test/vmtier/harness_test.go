@@ -375,7 +375,7 @@ func (c *cluster) startOn(n *node, primary bool, peer, replicaOf *member) *membe
 	t.Cleanup(cancel)
 	c.attachLockstepd(ctx, m)
 	if peer != nil {
-		m.run.SetPeer(ctx, agent.Peer{VMI: peer.name, Node: peer.node.name, Addr: peer.node.logAddr(), StreamAddr: peer.node.streamAddr()})
+		m.run.SetPeer(ctx, peer.asPeer())
 	}
 	c.members = append(c.members, m)
 	return m
@@ -552,6 +552,12 @@ func (c *cluster) attachLockstepd(ctx context.Context, m *member) {
 	m.run, m.agent, m.engine = run, run.Agent, run.Engine.(*colo.Engine)
 }
 
+// asPeer is m as the other member's agent knows it: where its node's lockstepd takes the FT log
+// and the streams.
+func (m *member) asPeer() agent.Peer {
+	return agent.Peer{VMI: m.name, Node: m.node.name, Addr: m.node.logAddr(), StreamAddr: m.node.streamAddr()}
+}
+
 // uid is a member VMI's UID: 36 characters, as Kubernetes makes them (the member's directory
 // is named by it, and its sockets' paths must stay under 108 bytes).
 func uid(t testing.TB) string {
@@ -573,7 +579,7 @@ func (c *cluster) protect(p *member, n *node) *member {
 func (c *cluster) protectOn(p *member, n *node, replicaOf *member) *member {
 	c.t.Helper()
 	s := c.startOn(n, false, p, replicaOf)
-	peer := agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()}
+	peer := s.asPeer()
 	if replicaOf != nil {
 		peer.ReplicaOf = replicaOf.name
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/testnet"
 )
@@ -30,10 +29,9 @@ import (
 // 64 MB come in to the VM, far more than the sockets on the way hold, and the VM must still answer.
 func TestASecondaryStartedBeforeItsPrimaryProtectsGetsThePrimarysPackets(t *testing.T) {
 	c, cl, p := bootOf(t, 2, direct, busybox)
-	n := c.nodes[1]
-	s := c.start(n, false, p)
+	s := c.start(c.nodes[1], false, p)
 	time.Sleep(3 * time.Second) // QEMU's packet streams redial every second
-	p.run.SetPeer(context.Background(), agent.Peer{VMI: s.name, Node: n.name, Addr: n.logAddr(), StreamAddr: n.streamAddr()})
+	p.run.SetPeer(context.Background(), s.asPeer())
 	c.waitState(p, failover.Protected, 5*time.Minute)
 	cl.next("the pair serves under COLO", time.Minute)
 
