@@ -1,6 +1,7 @@
 // Package counter is the client of the test guest's counter (hack/guest): one request, one reply
 // "count=N bootid=ID disk=count=M", where N counts the requests the guest answered since its
-// first boot, ID names the boot and M is what its disk holds after the write that N made. It
+// first boot, ID names the boot and M is what its disk holds after the write that N made (the
+// Debian guest adds "by=", the counts before N with the client address that made each). It
 // checks what FT promises a client of the VM: the count never goes back and never loses a value
 // the client saw, the VM never reboots, and the disk holds what the client was told.
 package counter
@@ -26,9 +27,12 @@ type Reply struct {
 	BootID string
 	Disk   int
 	At     time.Time
+	// From is the client's own address on the request's connection; By, when the guest says it,
+	// the counts before this one and the client address that made each ("N@addr,...").
+	From, By string
 }
 
-var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)`)
+var reply = regexp.MustCompile(`^count=(\d+) bootid=(\S+) disk=count=(\d+)(?: by=(\S+))?`)
 
 // Ask sends one request to the counter at addr (ip:port) from inside network namespace ns.
 func Ask(ctx context.Context, ns, addr string) (Reply, error) {
@@ -75,7 +79,7 @@ func AskOn(c net.Conn) (Reply, error) {
 	if m == nil {
 		return Reply{}, fmt.Errorf("unexpected reply %q", line)
 	}
-	r := Reply{BootID: m[2], At: time.Now()}
+	r := Reply{BootID: m[2], At: time.Now(), From: c.LocalAddr().String(), By: m[4]}
 	r.Count, _ = strconv.Atoi(m[1])
 	r.Disk, _ = strconv.Atoi(m[3])
 	return r, nil
@@ -83,10 +87,12 @@ func AskOn(c net.Conn) (Reply, error) {
 
 // Checker follows one client's replies.
 type Checker struct {
-	// Last is the last count the client saw; Boot the boot id of the last reply, LastAt when it came.
-	Last   int
-	Boot   string
-	LastAt time.Time
+	// Last is the last count the client saw; Boot the boot id of the last reply, LastAt when it
+	// came, LastFrom the client's address on its connection.
+	Last     int
+	Boot     string
+	LastAt   time.Time
+	LastFrom string
 	// unanswered counts the requests since the last reply that got none: each may or may not
 	// have reached the VM, so the next count may be up to that many beyond Last+1.
 	unanswered int
@@ -109,10 +115,19 @@ func (c *Checker) Check(r Reply) error {
 	case r.Count <= c.Last:
 		err = fmt.Errorf("the count went back: %d after %d", r.Count, c.Last)
 	case r.Count > c.Last+1+c.unanswered:
-		err = fmt.Errorf("the count skipped: %d after %d with %d unanswered requests", r.Count, c.Last, c.unanswered)
+		err = fmt.Errorf("the count skipped: %d after %d with %d unanswered requests%s", r.Count, c.Last, c.unanswered, c.whoCounted(r))
 	case r.Disk != r.Count:
 		err = fmt.Errorf("the disk holds count=%d, the reply count=%d", r.Disk, r.Count)
 	}
-	c.Last, c.Boot, c.LastAt, c.unanswered = r.Count, r.BootID, r.At, 0
+	c.Last, c.Boot, c.LastAt, c.LastFrom, c.unanswered = r.Count, r.BootID, r.At, r.From, 0
 	return err
+}
+
+// whoCounted says, when the guest names them, which connections made the counts before r: a count
+// the client skipped was made by a connection it did not see answered.
+func (c *Checker) whoCounted(r Reply) string {
+	if r.By == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (this reply on %s; %d came on %s; the guest says the counts before were made by %s)", r.From, c.Last, c.LastFrom, r.By)
 }

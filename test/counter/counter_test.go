@@ -1,6 +1,10 @@
 package counter
 
-import "testing"
+import (
+	"bufio"
+	"net"
+	"testing"
+)
 
 func TestChecker(t *testing.T) {
 	for _, tc := range []struct {
@@ -32,5 +36,42 @@ func TestChecker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestASkipNamesTheConnectionThatMadeTheCountTheClientDidNotSee(t *testing.T) {
+	var c Checker
+	if err := c.Check(Reply{Count: 5, BootID: "a", Disk: 5, From: "10.0.0.9:40000"}); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Check(Reply{Count: 7, BootID: "a", Disk: 7, From: "10.0.0.9:40002", By: "6@10.0.0.9:40000,5@10.0.0.9:40000"})
+	if err == nil {
+		t.Fatal("a skip passed")
+	}
+	want := "the count skipped: 7 after 5 with 0 unanswered requests (this reply on 10.0.0.9:40002; 5 came on 10.0.0.9:40000; the guest says the counts before were made by 6@10.0.0.9:40000,5@10.0.0.9:40000)"
+	if err.Error() != want {
+		t.Fatalf("got %q, want %q", err, want)
+	}
+}
+
+func TestAskOnReadsTheGuestsReplyWithAndWithoutBy(t *testing.T) {
+	for _, tc := range []struct{ line, by string }{
+		{"count=3 bootid=b1 disk=count=3\n", ""},
+		{"count=3 bootid=b1 disk=count=3 by=2@10.0.0.9:4000,1@10.0.0.9:3998\n", "2@10.0.0.9:4000,1@10.0.0.9:3998"},
+	} {
+		client, guest := net.Pipe()
+		go func() {
+			_, _ = bufio.NewReader(guest).ReadString('\n')
+			_, _ = guest.Write([]byte(tc.line))
+			_ = guest.Close()
+		}()
+		r, err := AskOn(client)
+		_ = client.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Count != 3 || r.BootID != "b1" || r.Disk != 3 || r.By != tc.by || r.From == "" {
+			t.Fatalf("%q read as %+v", tc.line, r)
+		}
 	}
 }

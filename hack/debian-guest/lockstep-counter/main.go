@@ -1,8 +1,9 @@
 // Command lockstep-counter is the counter of lockstep's Debian test guest (hack/debian-guest.sh), a
 // systemd service. It speaks the busybox guest's protocol (hack/guest/init, test/counter): each
 // request (one line) increments the count, writes "count=N" to sector 0 of the data partition,
-// flushes it to the disk, and only then replies "count=N bootid=ID disk=<sector 0>". It listens on
-// IPv4 and IPv6. At start it goes on from the count the partition holds, so a VM restarted from
+// flushes it to the disk, and only then replies "count=N bootid=ID disk=<sector 0> by=<the counts
+// before, each with the client address that made it>": a client that sees the count skip learns
+// which connection made the count it did not see. It listens on IPv4 and IPv6. At start it goes on from the count the partition holds, so a VM restarted from
 // its disk goes on from there with a new boot id.
 package main
 
@@ -22,11 +23,15 @@ import (
 
 const sector = 512
 
+// history is how many of the last counts a reply names with the address that made each.
+const history = 4
+
 type service struct {
 	mu     sync.Mutex
 	data   *os.File
 	count  int
 	bootID string
+	by     []string // "N@addr" for the last counts, newest first
 }
 
 func main() {
@@ -100,7 +105,7 @@ func (c *service) serve(conn net.Conn) {
 	if _, err := bufio.NewReader(conn).ReadString('\n'); err != nil {
 		return
 	}
-	reply, err := c.next()
+	reply, err := c.next(conn.RemoteAddr().String())
 	if err != nil {
 		log.Print(err)
 		return
@@ -108,8 +113,9 @@ func (c *service) serve(conn net.Conn) {
 	_, _ = conn.Write([]byte(reply))
 }
 
-// next counts one request: the write reaches the disk before the reply is made.
-func (c *service) next() (string, error) {
+// next counts one request from the client at from: the write reaches the disk before the reply
+// is made.
+func (c *service) next(from string) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.count + 1
@@ -126,5 +132,13 @@ func (c *service) next() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("count=%d bootid=%s disk=%s\n", n, c.bootID, held), nil
+	before := strings.Join(c.by, ",")
+	if before == "" {
+		before = "-"
+	}
+	c.by = append([]string{fmt.Sprintf("%d@%s", n, from)}, c.by...)
+	if len(c.by) > history {
+		c.by = c.by[:history]
+	}
+	return fmt.Sprintf("count=%d bootid=%s disk=%s by=%s\n", n, c.bootID, held, before), nil
 }

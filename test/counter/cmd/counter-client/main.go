@@ -1,7 +1,7 @@
 // Command counter-client asks the test guest's counter (test/counter) again and again from a
 // network namespace, checks every reply, and prints one line per request:
 //
-//	<unix ms> ok count=N bootid=ID disk=count=N
+//	<unix ms> ok count=N bootid=ID disk=count=N from=ADDR [by=N-1@ADDR,...]
 //	<unix ms> unanswered <error>
 //	<unix ms> VIOLATION <what>
 //
@@ -47,7 +47,11 @@ func main() {
 			fmt.Printf("%d VIOLATION %v\n", now, err)
 			os.Exit(1)
 		}
-		fmt.Printf("%d ok count=%d bootid=%s disk=count=%d\n", now, r.Count, r.BootID, r.Disk)
+		by := ""
+		if r.By != "" {
+			by = " by=" + r.By
+		}
+		fmt.Printf("%d ok count=%d bootid=%s disk=count=%d from=%s%s\n", now, r.Count, r.BootID, r.Disk, r.From, by)
 		time.Sleep(*every)
 	}
 }
