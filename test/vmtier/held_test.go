@@ -59,8 +59,9 @@ func TestColoSecondaryAnswersWhatCameDuringALoad(t *testing.T) {
 // the saved number to zero, and the ACK then made the difference minus the primary's number: the
 // secondary's guest dropped every packet of the client's on the connection, and a mismatch forced
 // a checkpoint to repair it; after a failover nothing did, and the client's request got no answer
-// (a full-stack loop of partitions of the logging network, 2026-11-28). lockstep's QEMU ends the
-// handshake at a checkpoint (hack/qemu/filter-rewriter-settle-handshake-at-checkpoint.patch).
+// (which fits the one request a full-stack loop of partitions of the logging network lost,
+// 2026-11-28; that loop kept no trace). lockstep's QEMU ends the handshake at a checkpoint
+// (hack/qemu/filter-rewriter-settle-handshake-at-checkpoint.patch).
 //
 // The client's segments that carry only an acknowledgement are dropped in its namespace, so its
 // handshake ends only with its request, which acknowledges the SYN-ACK as well; the request then
