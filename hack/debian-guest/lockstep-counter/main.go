@@ -3,8 +3,9 @@
 // request (one line) increments the count, writes "count=N" to sector 0 of the data partition,
 // flushes it to the disk, and only then replies "count=N bootid=ID disk=<sector 0> by=<the counts
 // before, each with the client address that made it>": a client that sees the count skip learns
-// which connection made the count it did not see. It listens on IPv4 and IPv6. At start it goes on from the count the partition holds, so a VM restarted from
-// its disk goes on from there with a new boot id.
+// which connection made the count it did not see. It listens on IPv4 and IPv6. At start it goes
+// on from the count the partition holds, so a VM restarted from its disk goes on from there with
+// a new boot id.
 package main
 
 import (
