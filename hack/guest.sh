@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds lockstep's test guest for the VM tier: Debian 12's kernel and a busybox initramfs whose
-# init serves a stateful counter over TCP (hack/guest/init, hack/guest/handler; the benchmark's
-# mail-like and bulk services are hack/guest/mail and hack/guest/bulk). Packages are
+# init serves a stateful counter over TCP (hack/guest/init, hack/guest/handler; the other services
+# that the benchmark and the tests use are the other files of hack/guest). Packages are
 # Debian's, pinned by version.
 #
 #   hack/guest.sh    -> prints the directory holding vmlinuz and initramfs.cpio.gz

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's eighteen patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's nineteen patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
@@ -14,7 +14,8 @@
 # checkpoint rewrote (without it the secondary can run code that is no longer in memory), and its
 # filter-rewriter delivering the packets that came while its VM was stopped for a checkpoint,
 # rewritten for the state the checkpoint loaded, and ending a connection's handshake at a checkpoint; the
-# primary's disk writes completing once copied, sent on to the secondary behind them, and caught
+# primary keeping a packet its NIC could not take through a checkpoint's stop (it was dropped) and
+# mirroring it to the secondary again; the primary's disk writes completing once copied, sent on to the secondary behind them, and caught
 # up while the VM runs before each checkpoint; and, on
 # q35 (KubeVirt's machine), the ICH9 LPC bridge mapping its register block once when a checkpoint's
 # device state is loaded into the running secondary (without it the secondary aborts at its first
