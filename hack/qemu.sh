@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the QEMU that the VM tier runs: the newest QEMU that Debian's source packages offer here
-# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's nineteen patches
+# (pinned, checked against the .dsc's SHA-256), with Debian's patches and lockstep's twenty-one patches
 # for COLO (hack/qemu/*.patch, docs/colo.md): the big lock around the checkpoint's live state
 # (without it the primary deadlocks at its first checkpoint under TCG); colo-compare's count of
 # the checkpoints that a mismatch and a timeout asked for (lockstepd reports them); colo-compare
@@ -15,7 +15,8 @@
 # filter-rewriter delivering the packets that came while its VM was stopped for a checkpoint,
 # rewritten for the state the checkpoint loaded, and ending a connection's handshake at a checkpoint; the
 # primary keeping a packet its NIC could not take through a checkpoint's stop (it was dropped) and
-# mirroring it to the secondary again; the primary's disk writes completing once copied, sent on to the secondary behind them, and caught
+# mirroring it to the secondary again; the COLO streams written one packet per write and read up
+# to 64 KiB at a time (socket chardevs read 4 KiB); the primary's disk writes completing once copied, sent on to the secondary behind them, and caught
 # up while the VM runs before each checkpoint; and, on
 # q35 (KubeVirt's machine), the ICH9 LPC bridge mapping its register block once when a checkpoint's
 # device state is loaded into the running secondary (without it the secondary aborts at its first
@@ -70,7 +71,9 @@ fetch_source() {
     echo "$sum  $file" | sha256sum -c --quiet - >&2
   done
   dpkg-source --no-check -x "$dsc" src >&2   # applies Debian's patches
-  for p in "${PATCHES[@]}"; do (cd src && patch -p1 <"$p" >&2); done
+  for p in "${PATCHES[@]}"; do
+    (cd src && patch -p1 <"$p" >&2) || { echo "qemu.sh: $p does not apply" >&2; exit 1; }
+  done
   mkdir -p src/python/wheels
   python3 -m pip download --quiet --no-deps --only-binary=:all: "meson==$MESON_VERSION" -d src/python/wheels >&2
   echo "$MESON_WHEEL_SHA256  src/python/wheels/meson-$MESON_VERSION-py3-none-any.whl" | sha256sum -c --quiet - >&2
@@ -78,7 +81,8 @@ fetch_source() {
 
 case "${1:-}" in
   --configure-options) echo "${CONFIGURE[*]}"; exit 0 ;;
-  --source) mkdir -p "$2" && fetch_source "$2" && exit 0 ;;
+  # Called on its own, not in a list, so that set -e stops at the first command that fails.
+  --source) mkdir -p "$2"; fetch_source "$2"; exit 0 ;;
 esac
 
 if [ ! -x "$PREFIX/bin/qemu-system-x86_64" ]; then

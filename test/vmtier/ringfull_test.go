@@ -26,9 +26,9 @@ const sinkPort = counter.Port + 4
 // TSO up to 64 KiB of a TCP stream, which the sender had to send again on the receiver's
 // duplicate acknowledgements, halving its window). The benchmark's receive row lost one at about
 // a third of its checkpoints (docs/performance.md). lockstep's QEMU keeps it queued through a
-// COLO checkpoint, for the NIC once the VM runs, and sends filter-mirror's copy of it to the
-// secondary again after the checkpoint, whose state does not hold it
-// (hack/qemu/net-colo-keep-queued-at-checkpoint.patch).
+// COLO checkpoint, for the NIC once the VM runs, and filter-mirror sends the secondary, whose
+// checkpoint does not hold it, its copy after the checkpoint, with those of the packets that came
+// during the stop (hack/qemu/net-colo-keep-queued-at-checkpoint.patch).
 //
 // The client streams into the guest's sink for 10 s across checkpoints a few hundred milliseconds
 // apart. At least one checkpoint must have found a packet queued (filter-mirror's trace, or the
@@ -36,24 +36,24 @@ const sinkPort = counter.Port + 4
 func TestColoKeepsWhatItsNICCouldNotTakeAtACheckpoint(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, direct, busybox, func(c *cluster) {
 		c.period = 300 * time.Millisecond
-		c.trace = append(c.trace, "colo_filter_mirror_checkpoint_resent")
+		c.trace = append(c.trace, "colo_filter_mirror_checkpoint_queued")
 	})
 	const span = 10 * time.Second
 	before, checkpointsBefore, causesBefore := clientTCPCounters(t, c.client), checkpointsOf(t, s), causesOf(t, p)
-	resentBefore := countInLog(t, p, "colo_filter_mirror_checkpoint_resent")
+	queuedBefore := countInLog(t, p, "colo_filter_mirror_checkpoint_queued")
 	sent := streamIntoGuest(t, c, span)
 	after, checkpoints, causes := clientTCPCounters(t, c.client), checkpointsOf(t, s)-checkpointsBefore, causesOf(t, p)
-	resent := countInLog(t, p, "colo_filter_mirror_checkpoint_resent") - resentBefore
+	queued := countInLog(t, p, "colo_filter_mirror_checkpoint_queued") - queuedBefore
 	t.Logf("%.1f MB/s into the guest, %d checkpoints (colo-compare asked for %d on a mismatch, %d on a timeout), "+
-		"%d of them found a packet queued for the primary's NIC", float64(sent)/1e6/span.Seconds(), checkpoints,
-		causes.Mismatch-causesBefore.Mismatch, causes.Timeout-causesBefore.Timeout, resent)
+		"after %d of them filter-mirror sent the secondary what waited in the primary's NIC's queue", float64(sent)/1e6/span.Seconds(), checkpoints,
+		causes.Mismatch-causesBefore.Mismatch, causes.Timeout-causesBefore.Timeout, queued)
 	if checkpoints < 2 {
 		t.Fatalf("%d checkpoints during the stream", checkpoints)
 	}
 	if again := after["TCPFastRetrans"] - before["TCPFastRetrans"]; again != 0 {
-		t.Fatalf("the client sent %d segments again on the guest's duplicate acknowledgements (%d checkpoints found a packet queued)", again, resent)
+		t.Fatalf("the client sent %d segments again on the guest's duplicate acknowledgements (%d checkpoints found a packet queued)", again, queued)
 	}
-	if resent == 0 {
+	if queued == 0 {
 		t.Fatalf("none of %d checkpoints found a packet queued for the primary's NIC: the guest's receive ring was never full at one, and the test proves nothing", checkpoints)
 	}
 	cl.next("the pair serves on", time.Minute)
