@@ -16,8 +16,9 @@
 # rewritten for the state the checkpoint loaded, and ending a connection's handshake at a checkpoint; the
 # primary keeping a packet its NIC could not take through a checkpoint's stop (it was dropped) and
 # mirroring it to the secondary again; the COLO streams written one packet per write and read up
-# to 64 KiB at a time (socket chardevs read 4 KiB); the primary's disk writes completing once copied, sent on to the secondary behind them, and caught
-# up while the VM runs before each checkpoint; and, on
+# to 64 KiB at a time (socket chardevs read 4 KiB); the primary's disk writes completing once
+# copied, sent on to the secondary behind them, and caught up while the VM runs before each
+# checkpoint; and, on
 # q35 (KubeVirt's machine), the ICH9 LPC bridge mapping its register block once when a checkpoint's
 # device state is loaded into the running secondary (without it the secondary aborts at its first
 # checkpoint). Only qemu-system-x86_64 (with what COLO needs: replication, quorum, NBD, tap; and

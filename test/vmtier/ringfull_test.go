@@ -51,10 +51,10 @@ func TestColoKeepsWhatItsNICCouldNotTakeAtACheckpoint(t *testing.T) {
 		t.Fatalf("%d checkpoints during the stream", checkpoints)
 	}
 	if again := after["TCPFastRetrans"] - before["TCPFastRetrans"]; again != 0 {
-		t.Fatalf("the client sent %d segments again on the guest's duplicate acknowledgements (%d checkpoints found a packet queued)", again, queued)
+		t.Fatalf("the client sent %d segments again on the guest's duplicate acknowledgements (filter-mirror sent what waited in the NIC's queue after %d checkpoints)", again, queued)
 	}
 	if queued == 0 {
-		t.Fatalf("none of %d checkpoints found a packet queued for the primary's NIC: the guest's receive ring was never full at one, and the test proves nothing", checkpoints)
+		t.Fatalf("after none of %d checkpoints did filter-mirror send what waited in the primary's NIC's queue: the guest's receive ring was never full at one, and the test proves nothing", checkpoints)
 	}
 	cl.next("the pair serves on", time.Minute)
 }
