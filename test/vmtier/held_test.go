@@ -119,7 +119,7 @@ func answeredByItself(t *testing.T, c *cluster, cl *client, p, s *member, during
 		acks = dropPureACKs(t, c.client, c.vmAddr, counter.Port)
 		defer acks.Remove()
 	}
-	checkpointsBefore, causesBefore := checkpointsOf(t, s), causesOf(t, p)
+	counted := countPair(t, c, p, s)
 	conn, err := testnet.DialContext(ctx, c.client, "tcp", net.JoinHostPort(c.vmAddr, strconv.Itoa(counter.Port)))
 	if err != nil {
 		t.Fatal(err)
@@ -180,21 +180,18 @@ func answeredByItself(t *testing.T, c *cluster, cl *client, p, s *member, during
 	}
 	cl.last = a.r.Count
 	took := time.Since(released)
-	if checkpoints := checkpointsOf(t, s) - checkpointsBefore; checkpoints != want {
-		after := causesOf(t, p)
-		mismatch, timeout, unparsed := after.Mismatch-causesBefore.Mismatch, after.Timeout-causesBefore.Timeout, after.Unparsed-causesBefore.Unparsed
-		crossed := after.Crossed - causesBefore.Crossed
+	if d := countPair(t, c, p, s).since(counted); d.checkpoints != want {
 		// A reply that waited for the client's retransmission, or for the guest's own probe of
 		// the client's address (an ARP packet, which forces a checkpoint too), took 5 s or more.
-		if mismatch == 0 && timeout == 0 && crossed == 0 && unparsed != 0 && took < retransmitAfter {
+		if d.causes.Mismatch == 0 && d.causes.Timeout == 0 && d.causes.Crossed == 0 && d.causes.Unparsed != 0 && took < retransmitAfter {
 			t.Logf("%d checkpoints (%d wanted), %d for packets colo-compare cannot compare, came before the reply, %s after the VMs ran",
-				checkpoints, want, unparsed, took.Round(time.Millisecond))
+				d.checkpoints, want, d.causes.Unparsed, took.Round(time.Millisecond))
 			return false
 		}
 		c.dump()
 		t.Fatalf("%d checkpoints came before the reply, want %d (colo-compare asked for %d on a mismatch, %d on a timeout, %d crossed, %d for "+
 			"packets it cannot compare), and it came %s after the VMs ran: it was not released on a match with the secondary's",
-			checkpoints, want, mismatch, timeout, crossed, unparsed, took.Round(time.Millisecond))
+			d.checkpoints, want, d.causes.Mismatch, d.causes.Timeout, d.causes.Crossed, d.causes.Unparsed, took.Round(time.Millisecond))
 	}
 	if acks != nil && acks.Dropped(t) == 0 {
 		t.Fatal("the client's handshake ACK was not dropped: its handshake ended before its request")

@@ -31,16 +31,16 @@ import (
 func TestColoReleasesTheGuestsPacketsInOrder(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, direct, busybox)
 	const span = 10 * time.Second
-	before, checkpointsBefore, causesBefore := clientTCPCounters(t, c.client), checkpointsOf(t, s), causesOf(t, p)
+	before := countPair(t, c, p, s)
 	received := streamFromGuest(t, c, span)
-	after, checkpoints, causes := clientTCPCounters(t, c.client), checkpointsOf(t, s)-checkpointsBefore, causesOf(t, p)
+	d := countPair(t, c, p, s).since(before)
 	t.Logf("%.1f MB/s from the guest, %d checkpoints (colo-compare asked for %d on a mismatch, %d on a timeout)",
-		float64(received)/1e6/span.Seconds(), checkpoints, causes.Mismatch-causesBefore.Mismatch, causes.Timeout-causesBefore.Timeout)
-	if checkpoints < 2 {
-		t.Fatalf("%d checkpoints during the stream: nothing was flushed at a checkpoint", checkpoints)
+		float64(received)/1e6/span.Seconds(), d.checkpoints, d.causes.Mismatch, d.causes.Timeout)
+	if d.checkpoints < 2 {
+		t.Fatalf("%d checkpoints during the stream: nothing was flushed at a checkpoint", d.checkpoints)
 	}
-	if ofo := after["TCPOFOQueue"] - before["TCPOFOQueue"]; ofo != 0 {
-		t.Fatalf("the client queued %d segments of the guest's stream out of order (and received %d twice)", ofo, after["TCPDSACKOldSent"]-before["TCPDSACKOldSent"])
+	if ofo := d.tcp["TCPOFOQueue"]; ofo != 0 {
+		t.Fatalf("the client queued %d segments of the guest's stream out of order (and received %d twice)", ofo, d.tcp["TCPDSACKOldSent"])
 	}
 	cl.next("the pair serves on", time.Minute)
 }
