@@ -36,10 +36,10 @@ const sinkPort = counter.Port + 4
 // test proves nothing). The primary's net layer must not have dropped a packet its NIC refused
 // (QEMU's trace event net_queue_refused, which the patch adds), and the client must not have sent
 // more segments again on the guest's duplicate acknowledgements than the guest then told it came
-// twice (D-SACKs): those were late, not lost. A segment sometimes reaches the primary's guest
-// after the one behind it at a checkpoint, which the client takes for a loss until the D-SACK
-// (docs/colo.md, patch 19). The comparison is of totals: the duplicates of the client's tail-loss
-// probes count too, 1 to 3 segments a run, well below the 45 of one lost 64 KiB packet.
+// twice (D-SACKs): those were late, not lost. The host's path from the client's veth to the tap
+// sometimes swaps two segments, unprotected too, which the client takes for a loss until the
+// D-SACK (docs/colo.md, patch 19). The comparison is of totals: the duplicates of the client's
+// tail-loss probes count too, 1 to 3 segments a run, well below the 45 of one lost 64 KiB packet.
 func TestColoKeepsWhatItsNICCouldNotTakeAtACheckpoint(t *testing.T) {
 	c, cl, p, s := protectedPairOf(t, 2, direct, busybox, func(c *cluster) {
 		c.period = 300 * time.Millisecond
