@@ -102,13 +102,12 @@ func waitedCrossed(t *testing.T, c *cluster, p, s *member) bool {
 			t.Fatalf("the windows service: %v", err)
 		}
 	}
-	after := causesOf(t, p)
-	crossed, timeout, mismatch := after.Crossed-before.Crossed, after.Timeout-before.Timeout, after.Mismatch-before.Mismatch
-	if timeout != 0 || mismatch != 0 {
+	d := causesSince(causesOf(t, p), before)
+	if d.Timeout != 0 || d.Mismatch != 0 {
 		c.dump()
 		t.Fatalf("colo-compare checkpointed %d times on a timeout and %d on a mismatch (%d for the answers waiting crossed): "+
-			"only the crossed wait should have forced one", timeout, mismatch, crossed)
+			"only the crossed wait should have forced one", d.Timeout, d.Mismatch, d.Crossed)
 	}
-	t.Logf("colo-compare checkpointed %d times for the answers waiting crossed", crossed)
-	return crossed > 0
+	t.Logf("colo-compare checkpointed %d times for the answers waiting crossed", d.Crossed)
+	return d.Crossed > 0
 }

@@ -25,15 +25,16 @@ func countPair(t *testing.T, c *cluster, p, s *member) pairCounts {
 
 // since is what was counted between before and a.
 func (a pairCounts) since(before pairCounts) pairCounts {
-	d := pairCounts{tcp: map[string]int64{}, checkpoints: a.checkpoints - before.checkpoints, causes: colo.Causes{
-		Mismatch: a.causes.Mismatch - before.causes.Mismatch,
-		Timeout:  a.causes.Timeout - before.causes.Timeout,
-		Unparsed: a.causes.Unparsed - before.causes.Unparsed,
-		Crossed:  a.causes.Crossed - before.causes.Crossed,
-		Held:     a.causes.Held - before.causes.Held,
-	}}
-	for name, n := range a.tcp {
-		d.tcp[name] = n - before.tcp[name]
+	return pairCounts{tcp: countersSince(a.tcp, before.tcp), checkpoints: a.checkpoints - before.checkpoints, causes: causesSince(a.causes, before.causes)}
+}
+
+// causesSince is what colo-compare counted between before and after, cause by cause.
+func causesSince(after, before colo.Causes) colo.Causes {
+	return colo.Causes{
+		Mismatch: after.Mismatch - before.Mismatch,
+		Timeout:  after.Timeout - before.Timeout,
+		Unparsed: after.Unparsed - before.Unparsed,
+		Crossed:  after.Crossed - before.Crossed,
+		Held:     after.Held - before.Held,
 	}
-	return d
 }

@@ -31,6 +31,16 @@ func clientTCPCounters(t testing.TB, ns string) map[string]int64 {
 	return counters
 }
 
+// countersSince is what each counter of after (clientTCPCounters, guestTCPCounters) counted
+// since before.
+func countersSince(after, before map[string]int64) map[string]int64 {
+	d := make(map[string]int64, len(after))
+	for name, n := range after {
+		d[name] = n - before[name]
+	}
+	return d
+}
+
 // guestTCPCounters reads the guest's TcpExt counters as clientTCPCounters reads the client's.
 func guestTCPCounters(ctx context.Context, tb testing.TB, env workloads.Env) map[string]int64 {
 	tb.Helper()

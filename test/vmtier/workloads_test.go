@@ -203,13 +203,12 @@ func BenchmarkWorkloads(b *testing.B) {
 			if err != nil {
 				b.Fatalf("%s (protected: %v): %v", w.Name, protected, err)
 			}
-			tcp, guest := clientTCPCounters(b, c.client), guestTCPCounters(ctx, b, env)
+			tcp, guest := countersSince(clientTCPCounters(b, c.client), tcpBefore), countersSince(guestTCPCounters(ctx, b, env), guestBefore)
 			b.Logf("%s, protected %v: %v; the client's TCP: %d segments queued out of order, %d received twice, %d sent again on duplicate acknowledgements; "+
 				"the guest's: %d queued out of order, %d received twice, %d sent again on duplicate acknowledgements, %d dropped by TCP, %d by the kernel's backlog, %d by its NIC",
-				w.Name, protected, ms, tcp["TCPOFOQueue"]-tcpBefore["TCPOFOQueue"], tcp["TCPDSACKOldSent"]-tcpBefore["TCPDSACKOldSent"], tcp["TCPFastRetrans"]-tcpBefore["TCPFastRetrans"],
-				guest["TCPOFOQueue"]-guestBefore["TCPOFOQueue"], guest["TCPDSACKOldSent"]-guestBefore["TCPDSACKOldSent"], guest["TCPFastRetrans"]-guestBefore["TCPFastRetrans"],
-				guest["TCPBacklogDrop"]+guest["TCPRcvQDrop"]+guest["TCPOFODrop"]-guestBefore["TCPBacklogDrop"]-guestBefore["TCPRcvQDrop"]-guestBefore["TCPOFODrop"],
-				guest["BacklogDropped"]-guestBefore["BacklogDropped"], guest["NICDropped"]-guestBefore["NICDropped"])
+				w.Name, protected, ms, tcp["TCPOFOQueue"], tcp["TCPDSACKOldSent"], tcp["TCPFastRetrans"],
+				guest["TCPOFOQueue"], guest["TCPDSACKOldSent"], guest["TCPFastRetrans"],
+				guest["TCPBacklogDrop"]+guest["TCPRcvQDrop"]+guest["TCPOFODrop"], guest["BacklogDropped"], guest["NICDropped"])
 			results[w.Name] = ms
 		}
 		return results, windows, cpu
