@@ -66,6 +66,10 @@ func (r *FaultTolerantVMReconciler) phaseDecide(ctx context.Context, s *scope) e
 		}
 		s.record = fresh
 		plan = roles.Decide(fresh.Record, s.roleMembers())
+		if w := r.termLeft(s, fresh, plan); w != nil {
+			s.waitForTerm(w)
+			return errStop
+		}
 	}
 	return r.carryOut(ctx, s, plan)
 }

@@ -61,8 +61,10 @@ type scope struct {
 	// operation is the FaultTolerantVMOperation that runs or is next (nil when none).
 	operation *ftv1.FaultTolerantVMOperation
 	// queued are the operations after it.
-	queued       []*ftv1.FaultTolerantVMOperation
-	waiting      bool // the primary is lost and its suspect secondary is waited for
+	queued  []*ftv1.FaultTolerantVMOperation
+	waiting bool // the primary is lost and its suspect secondary is waited for
+	// termWait: the holder cannot be seen but its term has not passed (term.go).
+	termWait     *termWait
 	restart      bool // no member can run the VM: a new pair starts from its disks
 	requeueAfter time.Duration
 	now          time.Time     // when the members were judged

@@ -98,9 +98,12 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	epoch := int32(next.Epoch)
 	now := metav1.NewMicroTime(r.Clock.Now())
 	if cur.lease == nil || ptr.Deref(cur.lease.Spec.HolderIdentity, "") != identity || int64(ptr.Deref(cur.lease.Spec.LeaseTransitions, 0)) != next.Epoch {
-		lease.Spec.AcquireTime = &now
+		// A new holder's term starts with the write that names it; any other write of the
+		// operator's renews nothing: only the member that runs the VM (or its secondary) can.
+		lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
+		delete(lease.Annotations, ftv1.AnnotationRenewedBy)
 	}
-	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions, lease.Spec.RenewTime = &identity, &epoch, &now
+	lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &identity, &epoch
 	if lease.Annotations == nil {
 		lease.Annotations = map[string]string{}
 	}

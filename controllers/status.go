@@ -310,6 +310,9 @@ func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (sta
 		if s.primary != nil || s.secondary != nil {
 			msg += "; members are stopping"
 		}
+	case s.termWait != nil:
+		state = ftv1.StateNotProtected
+		ok, reason, msg = false, ftv1.ReasonWaitingForRecordTerm, s.termWait.message()
 	case s.waiting:
 		state = ftv1.StateNotProtected
 		ok, reason, msg = false, ftv1.ReasonWaitingForSecondary,

@@ -162,6 +162,10 @@ const (
 	// ReasonWaitingForSecondary: the primary is lost and its synchronized secondary is on a node
 	// that is not Ready; promoting it later loses nothing, restarting now would lose the memory.
 	ReasonWaitingForSecondary = "WaitingForSecondary"
+	// ReasonWaitingForRecordTerm: the member that holds the pair's record cannot be seen (its
+	// node is not Ready or gone) but renewed the record less than a term ago: it may still run,
+	// and pauses itself once it cannot renew. The VM starts elsewhere only once the term passed.
+	ReasonWaitingForRecordTerm = "WaitingForRecordTerm"
 	// ReasonProtectionSuspended and ReasonProtectionDisabled: spec.protection stopped the secondary.
 	ReasonProtectionSuspended = "ProtectionSuspended"
 	ReasonProtectionDisabled  = "ProtectionDisabled"
@@ -391,7 +395,7 @@ type ReplicationStatus struct {
 }
 
 // SideState is a side's state in lockstepd.
-// +kubebuilder:validation:Enum=Protected;Replicating;Claiming;Alone;Fenced
+// +kubebuilder:validation:Enum=Protected;Replicating;Claiming;Alone;Fenced;Lapsed
 type SideState string
 
 // The states of a side; lockstepd reports its internal/failover state by the same names.
@@ -401,6 +405,7 @@ const (
 	SideClaiming    SideState = "Claiming"
 	SideAlone       SideState = "Alone"
 	SideFenced      SideState = "Fenced"
+	SideLapsed      SideState = "Lapsed"
 )
 
 // SideStatus is one side of the pair as its lockstepd sees it.
@@ -416,7 +421,8 @@ type SideStatus struct {
 	// state is Protected (the primary's outputs leave on acknowledgement), Replicating (a
 	// secondary applying the log), Claiming (the peer went silent; the pair's Lease is being
 	// claimed), Alone (runs the VM without a secondary), Fenced (lost the Lease or could not reach
-	// it: stopped for good).
+	// it: stopped for good), Lapsed (could not renew the pair's record within its term: the VM is
+	// paused and releases nothing until a renewal goes through).
 	// +required
 	State SideState `json:"state,omitempty"`
 	// since is when the side entered State.

@@ -7,7 +7,15 @@ import "strings"
 // its leaseTransitions the epoch. Whoever changes the holder does so by compare-and-set
 // (the white paper's atomic test-and-set, 1.4), so exactly one decision wins, and a decider that
 // restarts reads it back before it acts. The operator also counts promotions on it.
+//
+// The record is also a lease with a term (spec.leaseDurationSeconds): the side that runs the VM
+// renews spec.renewTime; a holder that cannot renew pauses its VM
+// before the term ends, and the operator moves the record away from a holder it cannot see only
+// once it saw no renewal for the term (internal/term).
 const (
+	// AnnotationRenewedBy, on the record, is the identity ("<node>/<vmi>") that wrote its last
+	// renewal (or claim).
+	AnnotationRenewedBy = "ft.lockstep.dev/renewed-by"
 	// AnnotationPromotions, on the record, counts the secondaries that took over.
 	AnnotationPromotions = "ft.lockstep.dev/promotions"
 	// AnnotationLastPromoted names the last member counted in AnnotationPromotions: the key that

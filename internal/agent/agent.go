@@ -22,6 +22,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // Registrar routes a pair's incoming connections to its secondary (channel.Mux in production).
@@ -57,6 +58,8 @@ type Config struct {
 	Detect time.Duration
 	// ClaimTimeout is how long this side keeps trying to reach the arbiter before it fences itself.
 	ClaimTimeout time.Duration
+	// Term is the pair's record's term (term.go; 0: the record is not renewed, and never lapses).
+	Term term.Term
 	// Pacer, when set, slows the primary while the secondary trails (a copy per channel).
 	Pacer *ftlog.Pacer
 	// OpenKernelGate opens the kernel backend of the gate for the engine's interface; nil when
@@ -108,6 +111,15 @@ type Agent struct {
 	fenceWhy  string
 	attachErr error  // why the engine could not attach to its VM yet
 	bytesDone uint64 // log bytes of channels already dropped
+	// acked is the output position the current secondary acknowledged last, kept while the side
+	// may not release it (lapsed) for when it may again.
+	acked uint64
+	// renewedAt is when the last renewal (or claim) of the record that went through started, on
+	// this node's clock; renewTried when the last one started; renewErr how the last one ended.
+	renewedAt, renewTried time.Time
+	renewing              bool
+	renewErr              error
+	lapses                int
 }
 
 // New makes the agent of one member.
@@ -153,6 +165,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			ev()
 		case now := <-tick.C:
 			a.checkSilence(ctx, now)
+			a.checkTerm(ctx, now)
 		}
 		if a.State() == failover.Fenced {
 			return engine.ErrFenced
@@ -279,6 +292,17 @@ func (a *Agent) on(ctx context.Context, e failover.Event, why string) {
 			a.fence(why)
 		case failover.StartSecondary:
 			a.connectPeer(ctx)
+		case failover.Pause:
+			a.pause(ctx, why)
+		case failover.Resume:
+			if !a.resume(ctx) {
+				return
+			}
+		case failover.ReleaseAcked:
+			a.mu.Lock()
+			acked := a.acked
+			a.mu.Unlock()
+			a.ackGates(acked)
 		}
 	}
 	// A side that won the Lease runs the VM: a new primary starts it, a secondary goes live.

@@ -18,6 +18,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/term"
 	"github.com/lockstep-dev/lockstep/test/leasedouble"
 	"github.com/lockstep-dev/lockstep/test/pki"
 	"github.com/lockstep-dev/lockstep/test/vmdouble"
@@ -90,6 +91,8 @@ type pair struct {
 	ca         *pki.CA
 	// detect is the sides' detection timeout (default 120ms).
 	detect time.Duration
+	// term is the record's term (0: not renewed).
+	term term.Term
 }
 
 func newPair(t *testing.T) *pair {
@@ -118,7 +121,7 @@ func (p *pair) start(t *testing.T, name string, primary bool, cfg channel.Config
 	}
 	s.agent = agent.New(agent.Config{
 		Pair: p.ccfg.Pair, Identity: name, Primary: primary, Channel: cfg,
-		Detect: p.detect, ClaimTimeout: 300 * time.Millisecond, Log: logr.Discard(),
+		Detect: p.detect, ClaimTimeout: 300 * time.Millisecond, Term: p.term, Log: logr.Discard(),
 	}, engine, p.lease.Side(name), mux)
 	go func() { s.done <- s.agent.Run(ctx) }()
 	t.Cleanup(cancel)

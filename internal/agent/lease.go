@@ -60,6 +60,7 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 	}
 	a.claiming = true
 	a.mu.Unlock()
+	started := time.Now()
 	go func() {
 		epoch, err := claimWithin(ctx, a.arb, known, a.cfg.ClaimTimeout)
 		a.post(ctx, func() {
@@ -67,6 +68,7 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 			a.claiming = false
 			if err == nil {
 				a.epoch = epoch
+				a.claimed(started)
 			}
 			a.mu.Unlock()
 			switch {

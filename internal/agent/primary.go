@@ -111,11 +111,16 @@ func (a *Agent) startChannel(ctx context.Context, peer Peer) {
 // onAck releases what the acknowledgement covers; the first one means the secondary joined.
 func (a *Agent) onAck(ctx context.Context, oc *outChannel, seq uint64) {
 	a.mu.Lock()
-	if a.out != oc || !a.side.MayReleaseAcked() {
+	if a.out != oc {
 		a.mu.Unlock()
 		return
 	}
 	pos := oc.base + seq
+	a.acked = max(a.acked, pos)
+	if !a.side.MayReleaseAcked() {
+		a.mu.Unlock()
+		return
+	}
 	first := !oc.joined
 	oc.joined = true
 	a.mu.Unlock()

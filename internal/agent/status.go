@@ -37,6 +37,10 @@ type Status struct {
 	Held              int
 	Failovers         int
 	Message           string
+	// RenewedAt is when the last renewal of the pair's record by this side as its holder that
+	// went through started (zero: none); Lapses counts the times its term lapsed.
+	RenewedAt time.Time
+	Lapses    int
 	// Checkpoints and ForcedCheckpoints count an engine's checkpoints over the side's life
 	// (engine.StreamStats); CheckpointPause is how long the VM stands still for one.
 	Checkpoints, ForcedCheckpoints uint64
@@ -63,7 +67,10 @@ func (a *Agent) Status() Status {
 	a.mu.Lock()
 	st := Status{Pair: a.cfg.Pair, Identity: a.cfg.Identity, State: a.side.State, Since: a.since,
 		RunsVM: a.engineRun != nil, Epoch: a.epoch, Peer: a.peer, Position: a.pos,
-		Failovers: a.failovers, Message: a.fenceWhy, BytesLogged: a.bytesDone}
+		Failovers: a.failovers, Message: a.fenceWhy, BytesLogged: a.bytesDone, RenewedAt: a.renewedAt, Lapses: a.lapses}
+	if a.side.State == failover.Lapsed && a.renewErr != nil {
+		st.Message = "the VM is paused: the pair's record could not be renewed within its term: " + a.renewErr.Error()
+	}
 	oc, sec, kg := a.out, a.sec, a.kgate
 	if a.attachErr != nil {
 		st.Message = "attaching to the member's VM: " + a.attachErr.Error()

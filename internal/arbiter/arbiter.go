@@ -22,6 +22,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // ErrLost means another side holds a newer epoch: this side must fence itself.
@@ -36,6 +37,8 @@ type Arbiter struct {
 	Identity string
 	// Timeout bounds one claim; past it the API server counts as unreachable.
 	Timeout time.Duration
+	// Term is the record's term that this side's claims and renewals write (internal/term).
+	Term term.Term
 }
 
 // Holder is who holds the Lease, at which epoch.
@@ -52,8 +55,9 @@ func (a *Arbiter) Ensure(ctx context.Context) (Holder, error) {
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: a.Lease.Namespace, Name: a.Lease.Name},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &a.Identity, LeaseTransitions: new(int32(1)),
-			AcquireTime: &now, RenewTime: &now},
+			AcquireTime: &now},
 	}
+	a.stamp(lease, now)
 	err := a.Client.Create(ctx, lease)
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return Holder{}, err
@@ -111,7 +115,8 @@ func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
 		now := metav1.NewMicroTime(time.Now())
 		next := int32(epoch)
 		lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions = &a.Identity, &next
-		lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
+		lease.Spec.AcquireTime = &now
+		a.stamp(lease, now)
 		// Update carries the resourceVersion read above: the API server's compare-and-set.
 		err = a.Client.Update(ctx, lease)
 		if apierrors.IsConflict(err) {
@@ -122,6 +127,41 @@ func (a *Arbiter) Claim(ctx context.Context, known uint64) (uint64, error) {
 		}
 		return uint64(next), nil
 	}
+}
+
+// Renew renews the record's term while it names member at epoch (engine.Arbiter). Like a claim,
+// it decides again on a conflict: the other member renews the same record.
+func (a *Arbiter) Renew(ctx context.Context, epoch uint64, member string) error {
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
+	for {
+		lease := &coordinationv1.Lease{}
+		if err := a.Client.Get(ctx, a.Lease, lease); err != nil {
+			return err
+		}
+		h := a.holderOf(lease)
+		if err := engine.RenewDecision(h, ftv1.VMIOfIdentity(h.Identity), member, epoch); err != nil {
+			return err
+		}
+		a.stamp(lease, metav1.NewMicroTime(time.Now()))
+		err := a.Client.Update(ctx, lease) // at the resourceVersion read: the compare-and-set
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		return err
+	}
+}
+
+// stamp writes a renewal by this side at now: the renew time, the term and who renewed.
+func (a *Arbiter) stamp(lease *coordinationv1.Lease, now metav1.MicroTime) {
+	lease.Spec.RenewTime = &now
+	if a.Term > 0 {
+		lease.Spec.LeaseDurationSeconds = new(a.Term.Seconds())
+	}
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[ftv1.AnnotationRenewedBy] = a.Identity
 }
 
 func (a *Arbiter) bound(ctx context.Context) (context.Context, context.CancelFunc) {

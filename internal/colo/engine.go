@@ -101,6 +101,9 @@ type Engine struct {
 	// lastCheckpoint is when the current protection began or last checkpointed.
 	lastCheckpoint time.Time
 	protectErr     string // why the last protection failed, until one succeeds
+	// paused: the agent paused the VM (its record's term lapsed); no protection starts meanwhile,
+	// since COLO's migration would run the VM again.
+	paused bool
 }
 
 // NewEngine makes a member's engine; Start attaches it to its QEMU.
@@ -122,6 +125,7 @@ var _ interface {
 	engine.PeerSetter
 	engine.Unprotector
 	engine.StreamReporter
+	engine.Pauser
 } = (*Engine)(nil)
 
 // SetPeer implements engine.PeerSetter: the peer member, where a secondary's packet streams go,
@@ -311,6 +315,13 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		if unprotect {
 			e.teardown(ctx, q)
 		}
+		e.mu.Lock()
+		paused := e.paused
+		e.mu.Unlock()
+		if gen != done && paused {
+			retry = time.After(2 * time.Second) // protected once it runs again
+			continue
+		}
 		if gen != done {
 			if err := e.protect(ctx, q, rec); err != nil {
 				e.cfg.Log.Error(err, "protecting the VM failed; it runs alone and protection is retried")
@@ -475,4 +486,41 @@ func (e *Engine) logCheckpoint(ctx context.Context, rec engine.Recorder, cp Chec
 	if _, err := rec.Append(ctx, data); err != nil && ctx.Err() == nil {
 		e.cfg.Log.Info("checkpoint not logged", "err", err.Error())
 	}
+}
+
+// Pause implements engine.Pauser: it stops the vCPUs of a VM that runs alone. A protected
+// primary cannot be paused: each COLO checkpoint runs its VM again, and its secondary's too; the
+// agent stops it instead (its secondary, if it can reach the record, takes over).
+func (e *Engine) Pause(ctx context.Context) error {
+	e.mu.Lock()
+	q, busy := e.q, e.protected || e.protecting != nil
+	if !busy {
+		e.paused = true
+	}
+	e.mu.Unlock()
+	switch {
+	case busy:
+		return errors.New("a COLO primary with a secondary cannot be paused: its checkpoints run the VM again")
+	case q == nil:
+		return errors.New("not attached to the member's QEMU")
+	}
+	return q.Execute(ctx, "stop", nil, nil)
+}
+
+// Resume implements engine.Pauser.
+func (e *Engine) Resume(ctx context.Context) error {
+	e.mu.Lock()
+	q := e.q
+	e.mu.Unlock()
+	if q == nil {
+		return errors.New("not attached to the member's QEMU")
+	}
+	if err := q.Execute(ctx, "cont", nil, nil); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.paused = false
+	e.mu.Unlock()
+	e.poke() // a protection that waited starts now
+	return nil
 }

@@ -179,6 +179,28 @@ type Arbiter interface {
 	Ensure(ctx context.Context) (Holder, error)
 	// Claim takes the epoch after known for this side; ErrLost if someone holds a newer one.
 	Claim(ctx context.Context, known uint64) (uint64, error)
+	// Renew renews the record's term (internal/term) while it names member (a VMI name) at
+	// epoch: the side that runs the VM renews its own. ErrLost when the record names another
+	// member or another epoch.
+	Renew(ctx context.Context, epoch uint64, member string) error
+}
+
+// Pauser is an Engine that can pause its VM and run it again: a side whose term lapsed pauses it
+// (internal/term), and resumes it once a renewal goes through. Without it the side is fenced.
+type Pauser interface {
+	// Pause stops the VM's vCPUs; it must not return before the VM can no longer produce output.
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+}
+
+// RenewDecision is the rule every Arbiter applies to a renewal for member at epoch, given the
+// record's holder h (the member part of its identity in holderMember): ErrLost unless the record
+// still names that member at that epoch.
+func RenewDecision(h Holder, holderMember, member string, epoch uint64) error {
+	if h.Epoch != epoch || holderMember != member {
+		return fmt.Errorf("%w: the record names %q at epoch %d, not %s at %d", ErrLost, h.Identity, h.Epoch, member, epoch)
+	}
+	return nil
 }
 
 // DecideClaim is the rule every Arbiter applies to a claim by identity from epoch known, given

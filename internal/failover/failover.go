@@ -7,6 +7,11 @@
 // won the pair's Lease at a newer epoch; a side that lost the Lease, or could not reach it, never
 // releases output again and stops its VM. The Lease's compare-and-set lets one side win an epoch,
 // so at most one side is ever live alone.
+//
+// The record is also a lease with a term (internal/term): a side that runs the VM renews it, and
+// one that could not renew within the term stops releasing output and pauses its VM (Lapsed)
+// before the operator, which waits out the term on its own clock, may start the VM elsewhere. A
+// renewal that goes through again resumes it; one that finds the record moved on fences it.
 package failover
 
 import "fmt"
@@ -27,10 +32,14 @@ const (
 	// Fenced: the side lost, or could not reach the arbiter. It never releases output again and
 	// its VM is stopped. Final.
 	Fenced
+	// Lapsed: a side that ran the VM (Protected or Alone) could not renew the pair's record
+	// within its term: it releases nothing and its VM is paused, so that the operator may start
+	// the VM elsewhere once the term has passed. A renewal that goes through resumes it.
+	Lapsed
 )
 
 func (s State) String() string {
-	return [...]string{"Protected", "Replicating", "Claiming", "Alone", "Fenced"}[s]
+	return [...]string{"Protected", "Replicating", "Claiming", "Alone", "Fenced", "Lapsed"}[s]
 }
 
 // Event is something lockstepd observed.
@@ -53,10 +62,19 @@ const (
 	// claims too: lockstepd sends it only with a log out to a secondary, which may have taken the
 	// epoch's state before its acknowledgement made the pair Protected.
 	SecondaryDropped
+	// TermLapsed: the side runs the VM and its last renewal of the pair's record is older than
+	// the term less the holder's margin.
+	TermLapsed
+	// Renewed: a renewal of the pair's record went through at the side's epoch.
+	Renewed
+	// RecordMoved: a renewal found the record held by another member or at a newer epoch: the
+	// VM runs, or is to run, elsewhere.
+	RecordMoved
 )
 
 func (e Event) String() string {
-	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined", "SecondaryDropped"}[e]
+	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined", "SecondaryDropped",
+		"TermLapsed", "Renewed", "RecordMoved"}[e]
 }
 
 // Action is what lockstepd must do.
@@ -73,10 +91,16 @@ const (
 	Fence
 	// StartSecondary: ask for a new secondary (the operator does it; lockstepd reports Alone).
 	StartSecondary
+	// Pause: pause the VM (its outputs are already held by the state).
+	Pause
+	// Resume: run the paused VM again.
+	Resume
+	// ReleaseAcked: outputs the secondary acknowledged while the side was lapsed may leave.
+	ReleaseAcked
 )
 
 func (a Action) String() string {
-	return [...]string{"Claim", "GoLive", "ReleaseHeld", "Fence", "StartSecondary"}[a]
+	return [...]string{"Claim", "GoLive", "ReleaseHeld", "Fence", "StartSecondary", "Pause", "Resume", "ReleaseAcked"}[a]
 }
 
 // Side is one side's decision state.
@@ -84,6 +108,8 @@ type Side struct {
 	State State
 	// WasPrimary says which side this was before it started claiming.
 	WasPrimary bool
+	// LapsedFrom is the state a Lapsed side returns to when it renews (Protected or Alone).
+	LapsedFrom State
 }
 
 // NewPrimary and NewSecondary are the sides of a protected pair.
@@ -102,6 +128,34 @@ func (s *Side) On(e Event) ([]Action, error) {
 	switch {
 	case s.State == Fenced:
 		return nil, nil // final: nothing undoes a fence
+	case e == TermLapsed && (s.State == Protected || s.State == Alone):
+		s.LapsedFrom, s.State = s.State, Lapsed
+		return []Action{Pause}, nil
+	case e == TermLapsed:
+		return nil, nil // not running the VM (or claiming: the claim decides), or lapsed already
+	case e == Renewed && s.State == Lapsed:
+		s.State = s.LapsedFrom
+		if s.State == Alone {
+			return []Action{Resume, ReleaseHeld}, nil
+		}
+		return []Action{Resume, ReleaseAcked}, nil
+	case e == Renewed:
+		return nil, nil
+	case e == RecordMoved && s.State == Claiming:
+		return nil, nil // the claim under way reads the record and decides
+	case e == RecordMoved:
+		s.State = Fenced
+		return []Action{Fence}, nil
+	case e == SecondaryJoined && s.State == Lapsed:
+		// Its acknowledgement came before the lapse: the side resumes protected.
+		if s.LapsedFrom == Alone {
+			s.LapsedFrom, s.WasPrimary = Protected, true
+		}
+		return nil, nil
+	case (e == PeerSilent || e == SecondaryDropped) && s.State == Lapsed:
+		// Paused and holding everything: the renewal decides first (a claim now would race it);
+		// once renewed, the detector fires again.
+		return nil, nil
 	case e == PeerSilent && (s.State == Protected || s.State == Replicating):
 		s.WasPrimary = s.State == Protected
 		s.State = Claiming

@@ -127,6 +127,16 @@ func TestWhatEachSideDoes(t *testing.T) {
 		{"primary goes on without the secondary it dropped", NewPrimary(), []Event{SecondaryDropped, ClaimWon}, Alone, []Action{ReleaseHeld, StartSecondary}},
 		{"an alone primary claims from the new secondary it logged to", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryDropped}, Claiming, []Action{Claim}},
 		{"a claiming primary is already claiming", NewPrimary(), []Event{PeerSilent, SecondaryDropped}, Claiming, nil},
+		{"an alone side that cannot renew pauses", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed}, Lapsed, []Action{Pause}},
+		{"a protected primary that cannot renew pauses", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryJoined, TermLapsed}, Lapsed, []Action{Pause}},
+		{"a lapsed alone side renewed runs and releases", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, Renewed}, Alone, []Action{Resume, ReleaseHeld}},
+		{"a lapsed protected primary renewed waits for acknowledgements", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryJoined, TermLapsed, Renewed}, Protected, []Action{Resume, ReleaseAcked}},
+		{"a lapsed side whose secondary joined before the lapse resumes protected", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, SecondaryJoined, Renewed}, Protected, []Action{Resume, ReleaseAcked}},
+		{"a lapsed side whose record moved is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, RecordMoved}, Fenced, []Action{Fence}},
+		{"a running side whose record moved is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, RecordMoved}, Fenced, []Action{Fence}},
+		{"a lapsed side does not claim from a silent peer", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryJoined, TermLapsed, PeerSilent}, Lapsed, nil},
+		{"a secondary has no term to lapse", NewSecondary(), []Event{TermLapsed}, Replicating, nil},
+		{"a claiming side's claim decides, not a renewal", NewPrimary(), []Event{PeerSilent, RecordMoved}, Claiming, nil},
 	} {
 		s := c.side
 		var last []Action

@@ -15,6 +15,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/nodecert"
 	"github.com/lockstep-dev/lockstep/internal/relay"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // Config is lockstepd's configuration: flags, each also settable by an environment variable
@@ -47,9 +48,12 @@ type Config struct {
 	CertLifetime         time.Duration
 	Heartbeat, Timeout   time.Duration
 	Detect, ClaimTimeout time.Duration
-	StatusInterval       time.Duration
-	WindowEntries        int
-	WindowBytes          int
+	// RecordTerm is the pair's record's term (internal/term): a side that runs the VM and could
+	// not renew the record for it, less its margin, pauses its VM.
+	RecordTerm     time.Duration
+	StatusInterval time.Duration
+	WindowEntries  int
+	WindowBytes    int
 	// PaceThreshold: the primary is slowed while the vLockstep interval stays above it (0: never).
 	PaceThreshold                 time.Duration
 	MetricsAddress, HealthAddress string
@@ -91,6 +95,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "timeout", channel.DefaultTimeout, "Silence after which a connection is dropped and reopened.")
 	fs.DurationVar(&c.Detect, "detect", 500*time.Millisecond, "Silence of the peer after which a side claims the pair's Lease.")
 	fs.DurationVar(&c.ClaimTimeout, "claim-timeout", 5*time.Second, "How long a side tries to reach the Lease before it fences itself.")
+	fs.DurationVar(&c.RecordTerm, "record-term", term.Default, "Term of the pair's record (a lease): the side that runs the VM renews it every fifth of it, and pauses its VM when it could not renew for five sixths of it; the operator starts the VM elsewhere only once a whole term (and 2% and 2 s) passed without a renewal.")
 	fs.DurationVar(&c.StatusInterval, "status-interval", 5*time.Second, "How often a pair's FaultTolerantVM status is refreshed (state changes are reported at once).")
 	fs.IntVar(&c.WindowEntries, "window-entries", ftlog.DefaultWindow.Entries, "Flow control: unacknowledged entries before the primary waits.")
 	fs.IntVar(&c.WindowBytes, "window-bytes", ftlog.DefaultWindow.Bytes, "Flow control: unacknowledged bytes before the primary waits.")
@@ -159,6 +164,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Detect <= c.Heartbeat {
 		errs = append(errs, fmt.Errorf("--detect (%s) must exceed --heartbeat (%s)", c.Detect, c.Heartbeat))
+	}
+	if c.RecordTerm < term.Min {
+		errs = append(errs, fmt.Errorf("--record-term (%s) must be at least %s", c.RecordTerm, term.Min))
+	} else if pauseMargin := term.Term(c.RecordTerm).HolderMargin(); c.Detect+c.ClaimTimeout >= c.RecordTerm-pauseMargin {
+		// A claim must be decided well within the term, or a side that won it could lapse at once.
+		errs = append(errs, fmt.Errorf("--record-term (%s) must exceed --detect plus --claim-timeout (%s) by more than a sixth of itself", c.RecordTerm, c.Detect+c.ClaimTimeout))
 	}
 	if c.GateHook != "forward" && c.GateHook != "output" {
 		errs = append(errs, fmt.Errorf("--gate-hook %q: want forward or output", c.GateHook))

@@ -34,6 +34,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/failover"
 	ftmember "github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;patch;delete
@@ -360,7 +361,7 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	if m != nil {
 		return m, nil
 	}
-	arb := &arbiter.Arbiter{Client: d.Records, Identity: identityOf(d.Config.NodeName, vmi.Name), Timeout: time.Second,
+	arb := &arbiter.Arbiter{Client: d.Records, Identity: identityOf(d.Config.NodeName, vmi.Name), Timeout: time.Second, Term: term.Term(d.Config.RecordTerm),
 		Lease: types.NamespacedName{Namespace: pair.Namespace, Name: LeaseName(pair.Name)}}
 	spec := MemberOf(vmi, d.Config.NodeName)
 	if !spec.Primary {

@@ -51,7 +51,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, st := range c.d.Statuses() {
 		l := []string{st.Pair, vmiOf(st.Identity)}
-		for s := failover.Protected; s <= failover.Fenced; s++ {
+		for s := failover.Protected; s <= failover.Lapsed; s++ {
 			v := 0.0
 			if s == st.State {
 				v = 1

@@ -18,6 +18,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
 	"github.com/lockstep-dev/lockstep/internal/relay"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // MemberSpec is one member as lockstepd runs it: what the daemon reads from its VMI (MemberOf).
@@ -195,7 +196,7 @@ func (n *Node) StartMember(ctx context.Context, spec MemberSpec, arb engine.Arbi
 	cfg := agent.Config{
 		Pair: spec.Pair, Identity: spec.Identity, Primary: spec.Primary,
 		Channel: n.Config.ChannelConfig(spec.Pair, n.TLS), Dial: n.Dial,
-		Detect: n.Config.Detect, ClaimTimeout: n.Config.ClaimTimeout, Log: log, OnChange: onChange,
+		Detect: n.Config.Detect, ClaimTimeout: n.Config.ClaimTimeout, Term: term.Term(n.Config.RecordTerm), Log: log, OnChange: onChange,
 		OpenKernelGate: func(ctx context.Context, iface string, position func() uint64) (agent.KernelGate, error) {
 			return n.OpenKernelGate(ctx, iface, queue, position)
 		},

@@ -7,6 +7,7 @@ package leasedouble
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 
 	"github.com/lockstep-dev/lockstep/internal/engine"
@@ -20,6 +21,27 @@ type Lease struct {
 	mu     sync.Mutex
 	holder engine.Holder
 	down   bool
+	// downFor makes the Lease unreachable for some identities only (a node cut from the API
+	// server while the others are not).
+	downFor  map[string]bool
+	renewals map[string]int
+}
+
+// SetDownFor makes the Lease unreachable (true) or reachable again for the side id alone.
+func (l *Lease) SetDownFor(id string, down bool) {
+	l.mu.Lock()
+	if l.downFor == nil {
+		l.downFor = map[string]bool{}
+	}
+	l.downFor[id] = down
+	l.mu.Unlock()
+}
+
+// Renewals counts the renewals that went through, by the identity that wrote them.
+func (l *Lease) Renewals(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.renewals[id]
 }
 
 // SetDown makes the Lease unreachable (true) or reachable again.
@@ -56,7 +78,7 @@ type Side struct {
 func (s Side) Ensure(context.Context) (engine.Holder, error) {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	if s.l.down {
+	if s.l.down || s.l.downFor[s.id] {
 		return engine.Holder{}, ErrDown
 	}
 	if s.l.holder.Epoch == 0 {
@@ -71,7 +93,7 @@ func (s Side) Ensure(context.Context) (engine.Holder, error) {
 func (s Side) Claim(_ context.Context, known uint64) (uint64, error) {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	if s.l.down {
+	if s.l.down || s.l.downFor[s.id] {
 		return 0, ErrDown
 	}
 	epoch, write, err := engine.DecideClaim(s.l.holder, s.id, known)
@@ -79,4 +101,25 @@ func (s Side) Claim(_ context.Context, known uint64) (uint64, error) {
 		s.l.holder = engine.Holder{Identity: s.id, Epoch: epoch}
 	}
 	return epoch, err
+}
+
+// Renew renews the term while the Lease names member at epoch.
+func (s Side) Renew(_ context.Context, epoch uint64, member string) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.down || s.l.downFor[s.id] {
+		return ErrDown
+	}
+	_, holderMember, _ := strings.Cut(s.l.holder.Identity, "/")
+	if holderMember == "" {
+		holderMember = s.l.holder.Identity
+	}
+	if err := engine.RenewDecision(s.l.holder, holderMember, member, epoch); err != nil {
+		return err
+	}
+	if s.l.renewals == nil {
+		s.l.renewals = map[string]int{}
+	}
+	s.l.renewals[s.id]++
+	return nil
 }

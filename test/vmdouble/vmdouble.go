@@ -40,9 +40,53 @@ type Counter struct {
 	value   uint64
 	stopped bool
 	running sync.WaitGroup
+	// step is held (a token in it) while Run counts, logs and emits one value: Pause takes it,
+	// so that it returns only once the VM can produce nothing more.
+	stepOnce sync.Once
+	step     chan struct{}
+	paused   bool
 }
 
-var _ engine.Engine = (*Counter)(nil)
+var (
+	_ engine.Engine = (*Counter)(nil)
+	_ engine.Pauser = (*Counter)(nil)
+)
+
+// Pause implements engine.Pauser: no value is counted or emitted until Resume.
+func (c *Counter) Pause(ctx context.Context) error {
+	select {
+	case c.stepper() <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("the counter is still busy with a value: %w", ctx.Err())
+	}
+	defer func() { <-c.stepper() }()
+	c.mu.Lock()
+	c.paused = true
+	c.mu.Unlock()
+	c.trace("pause")
+	return nil
+}
+
+// Resume implements engine.Pauser.
+func (c *Counter) Resume(context.Context) error {
+	c.mu.Lock()
+	c.paused = false
+	c.mu.Unlock()
+	c.trace("resume")
+	return nil
+}
+
+func (c *Counter) stepper() chan struct{} {
+	c.stepOnce.Do(func() { c.step = make(chan struct{}, 1) })
+	return c.step
+}
+
+// Paused says whether the VM is paused.
+func (c *Counter) Paused() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.paused
+}
 
 // Value is the counter.
 func (c *Counter) Value() uint64 {
@@ -86,29 +130,56 @@ func (c *Counter) Run(ctx context.Context, rec engine.Recorder) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		v++
-		if _, err := rec.Append(ctx, binary.BigEndian.AppendUint64(nil, v)); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		done, err := c.countOne(ctx, rec, &v)
+		if done || err != nil {
 			return err
 		}
-		c.mu.Lock()
-		if c.stopped {
-			c.mu.Unlock()
-			return nil
-		}
-		c.value = v
-		c.mu.Unlock()
-		payload := Payload(c.Name, v)
-		switch {
-		case c.Emit == nil:
-		case c.Iface != "":
-			c.Emit(payload)
-		default:
-			rec.Output(func() { c.Emit(payload) })
-		}
 	}
+}
+
+// countOne counts, logs and emits the next value; a paused VM waits a moment instead. It says
+// whether Run is done (stopped, or ctx ended), and why it failed.
+func (c *Counter) countOne(ctx context.Context, rec engine.Recorder, v *uint64) (bool, error) {
+	if c.Paused() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Millisecond):
+		}
+		return ctx.Err() != nil, nil
+	}
+	select {
+	case c.stepper() <- struct{}{}:
+	case <-ctx.Done():
+		return true, nil
+	}
+	defer func() { <-c.stepper() }()
+	if c.Paused() {
+		return false, nil // paused while it waited
+	}
+	next := *v + 1
+	if _, err := rec.Append(ctx, binary.BigEndian.AppendUint64(nil, next)); err != nil {
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		return true, err
+	}
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return true, nil
+	}
+	c.value = next
+	c.mu.Unlock()
+	*v = next
+	payload := Payload(c.Name, next)
+	switch {
+	case c.Emit == nil:
+	case c.Iface != "":
+		c.Emit(payload)
+	default:
+		rec.Output(func() { c.Emit(payload) })
+	}
+	return false, nil
 }
 
 // Resync implements engine.Engine: every entry carries the whole state already.

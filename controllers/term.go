@@ -1,0 +1,117 @@
+package controllers
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/roles"
+	"github.com/lockstep-dev/lockstep/internal/term"
+)
+
+// The pair's record is a lease with a term (internal/term): the member that runs the VM renews
+// it, and pauses its VM once it cannot. The operator never compares another node's clock with
+// its own: it notes when it first saw each renewal, and takes the record from a holder it
+// cannot see only once the term (with its margins) has passed on its own clock since then. A
+// restarted operator has seen nothing yet, and waits a whole term: that only delays.
+
+// renewalClock notes when this operator first saw each pair's current renewal.
+type renewalClock struct {
+	mu   sync.Mutex
+	seen map[types.NamespacedName]renewalSeen
+}
+
+type renewalSeen struct {
+	key string
+	at  time.Time
+}
+
+// observe returns when the operator first saw the renewal lease carries (now, if it is new).
+func (c *renewalClock) observe(lease *coordinationv1.Lease, now time.Time) time.Time {
+	renewed := ""
+	if lease.Spec.RenewTime != nil {
+		renewed = lease.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
+	}
+	// The renewal's own fields, as its writer wrote them: compared for equality, never as times.
+	key := fmt.Sprintf("%s|%s|%d|%s|%s", lease.UID, ptr.Deref(lease.Spec.HolderIdentity, ""),
+		ptr.Deref(lease.Spec.LeaseTransitions, 0), renewed, lease.Annotations[ftv1.AnnotationRenewedBy])
+	pair := types.NamespacedName{Namespace: lease.Namespace, Name: lease.Name}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[types.NamespacedName]renewalSeen{}
+	}
+	if s, ok := c.seen[pair]; ok && s.key == key {
+		return s.at
+	}
+	c.seen[pair] = renewalSeen{key: key, at: now}
+	return now
+}
+
+// forget drops the record of a FaultTolerantVM that is gone.
+func (c *renewalClock) forget(ftvm types.NamespacedName) {
+	c.mu.Lock()
+	delete(c.seen, types.NamespacedName{Namespace: ftvm.Namespace, Name: ftv1.RecordName(ftvm.Name)})
+	c.mu.Unlock()
+}
+
+// termWait is what the operator waits for before it may take the record from its holder.
+type termWait struct {
+	holder, node, why string
+	left, term        time.Duration
+}
+
+// termLeft says how long the operator must still wait before plan, decided on rec, may take the
+// record from its holder: zero when the plan keeps the holder, when the holder is known to have
+// stopped (its lockstepd fenced it, its VMI ended, or its secondary went live), or when no
+// lockstepd ever renewed the record with a term (a pair without lockstepd, or of a version
+// before terms).
+func (r *FaultTolerantVMReconciler) termLeft(s *scope, rec *record, plan roles.Plan) *termWait {
+	if rec.lease == nil || rec.Holder == "" || plan.Record == nil || rec.lease.Spec.LeaseDurationSeconds == nil {
+		return nil
+	}
+	if plan.Record.Holder == rec.Holder && plan.Record.Epoch == rec.Epoch {
+		return nil
+	}
+	w := &termWait{holder: rec.Holder, node: rec.holderNode, why: "its VMI is being deleted"}
+	if h := s.member(rec.Holder); h != nil {
+		switch h.verdict.Reason {
+		case health.ReasonFenced, health.ReasonVMIEnded, health.ReasonSecondaryWentLive:
+			return nil // it reported its own end through the API server: nothing of it runs
+		}
+		w.node, w.why = h.node, h.verdict.Message
+	}
+	t := term.Of(rec.lease.Spec.LeaseDurationSeconds)
+	seen := r.renewals.observe(rec.lease, r.Clock.Now())
+	w.left, w.term = t.ExpiresIn(seen, r.Clock.Now()), time.Duration(t)
+	if w.left == 0 {
+		return nil
+	}
+	return w
+}
+
+// waitForTerm keeps the holder while its term runs: nothing is decided, the members keep their
+// roles, and the pair is looked at again when the term has passed.
+func (s *scope) waitForTerm(w *termWait) {
+	s.termWait = w
+	s.primary = s.member(w.holder)
+	for _, mv := range s.members {
+		if mv.vmi.Labels[ftv1.LabelRole] == ftv1.RoleSecondary && s.secondary == nil {
+			s.secondary = mv
+		}
+	}
+	s.requeueWithin(w.left)
+}
+
+// message is the Protected condition's message while the operator waits.
+func (w *termWait) message() string {
+	return fmt.Sprintf("primary %s on node %s cannot be seen (%s), but the pair's record was renewed less than its term (%s) ago: "+
+		"it may still run, and pauses its VM once it cannot renew; the VM starts elsewhere, or its secondary is promoted, in %s unless it renews",
+		w.holder, w.node, w.why, w.term, w.left.Round(time.Second))
+}

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+)
+
+// The pair's record as a lease with a term (internal/term). A side that runs the VM renews it
+// every RenewEvery; one whose last renewal that went through is older than the term less its
+// margin pauses its VM and releases nothing (failover.Lapsed) until a renewal goes through again,
+// so that the operator, which waits out the term on its own clock before it starts the VM
+// elsewhere, never finds it running.
+//
+// A protected primary pauses too, though its outputs wait for its secondary: a secondary cut
+// from the API server as well would go on acknowledging them after the operator restarted the VM
+// elsewhere. (A secondary that renewed for its primary, and stopped itself when it could not,
+// would let a primary cut from the API server alone run on; it does not yet.)
+
+// renewal is what one renewal renews: the record naming member at epoch.
+type renewal struct {
+	epoch  uint64
+	member string
+	holder bool
+}
+
+// checkTerm pauses a holder whose term lapsed and starts the renewal that is due.
+func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
+	t := a.cfg.Term
+	if t <= 0 {
+		return
+	}
+	a.mu.Lock()
+	st, renewed := a.side.State, a.renewedAt
+	due := !a.renewing && now.Sub(a.renewTried) >= t.RenewEvery()
+	a.mu.Unlock()
+	if (st == failover.Protected || st == failover.Alone) && t.Lapsed(renewed, now) {
+		a.mu.Lock()
+		a.lapses++
+		a.mu.Unlock()
+		a.on(ctx, failover.TermLapsed, fmt.Sprintf("could not renew the pair's record for %s (term %s): the VM is paused until a renewal goes through",
+			now.Sub(renewed).Round(time.Millisecond), time.Duration(t)))
+	}
+	if due {
+		if r, ok := a.renewalDue(); ok {
+			a.renew(ctx, r, now)
+		}
+	}
+}
+
+// renewalDue is the renewal this side makes now, if any: a side that runs the VM renews its own.
+func (a *Agent) renewalDue() (renewal, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch a.side.State {
+	case failover.Protected, failover.Alone, failover.Lapsed:
+		return renewal{epoch: a.epoch, member: memberOf(a.cfg.Identity), holder: true}, a.epoch > 0
+	}
+	return renewal{}, false
+}
+
+// renew runs one renewal in the background and feeds its answer to the loop.
+func (a *Agent) renew(ctx context.Context, r renewal, started time.Time) {
+	a.mu.Lock()
+	a.renewing, a.renewTried = true, started
+	a.mu.Unlock()
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, a.cfg.Term.RenewEvery())
+		err := a.arb.Renew(rctx, r.epoch, r.member)
+		cancel()
+		a.post(ctx, func() { a.renewed(ctx, r, started, err) })
+	}()
+}
+
+// renewed takes a renewal's answer. Only a holder still at the renewal's epoch acts on it: a
+// claim may have moved this side to a newer one meanwhile.
+func (a *Agent) renewed(ctx context.Context, r renewal, started time.Time, err error) {
+	a.mu.Lock()
+	a.renewing = false
+	current := r.holder && a.epoch == r.epoch
+	st := a.side.State
+	if err == nil && current && started.After(a.renewedAt) {
+		a.renewedAt = started
+	}
+	a.renewErr = err
+	a.mu.Unlock()
+	switch {
+	case err != nil && !errors.Is(err, engine.ErrLost):
+		a.cfg.Log.Info("could not renew the pair's record", "for", r.member, "epoch", r.epoch, "err", err.Error())
+	case !current:
+	case err != nil:
+		a.on(ctx, failover.RecordMoved, "renewing the pair's record: "+err.Error())
+	case st == failover.Lapsed:
+		a.on(ctx, failover.Renewed, fmt.Sprintf("renewed the pair's record at epoch %d", r.epoch))
+	}
+}
+
+// claimed records a won claim as a renewal: the claim's write started at started.
+func (a *Agent) claimed(started time.Time) {
+	if started.After(a.renewedAt) {
+		a.renewedAt = started
+	}
+}
+
+// pause pauses the VM of a side whose term lapsed; a side whose engine cannot pause is fenced.
+func (a *Agent) pause(ctx context.Context, why string) {
+	p, ok := a.vm.(engine.Pauser)
+	if !ok {
+		a.fence(why + "; the engine cannot pause its VM, so it is stopped")
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, a.cfg.Term.HolderMargin())
+	defer cancel()
+	if err := p.Pause(pctx); err != nil {
+		a.fence(fmt.Sprintf("%s; pausing the VM failed (%v), so it is stopped", why, err))
+		return
+	}
+	a.cfg.Log.Info("paused the VM", "why", why)
+}
+
+// resume runs the VM of a side that renewed again; one that cannot run it is fenced.
+func (a *Agent) resume(ctx context.Context) bool {
+	p, ok := a.vm.(engine.Pauser)
+	if !ok {
+		return false // pause fenced it
+	}
+	if err := p.Resume(ctx); err != nil {
+		a.fence(fmt.Sprintf("resuming the VM after the pair's record was renewed: %v", err))
+		return false
+	}
+	a.cfg.Log.Info("resumed the VM: the pair's record was renewed")
+	return true
+}
+
+// memberOf is the member VMI of identity "<node>/<vmi>".
+func memberOf(identity string) string {
+	if _, vmi, ok := strings.Cut(identity, "/"); ok {
+		return vmi
+	}
+	return identity
+}

@@ -1,0 +1,136 @@
+package agent_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/engine"
+	"github.com/lockstep-dev/lockstep/internal/failover"
+	"github.com/lockstep-dev/lockstep/internal/term"
+	"github.com/lockstep-dev/lockstep/test/vmdouble"
+)
+
+// The record's term (term.go): a side cut from the record pauses its VM before its term ends,
+// runs again when a renewal goes through, and is fenced when the record moved on meanwhile.
+
+const testTerm = term.Term(3 * time.Second) // renews every 600ms, pauses 2.5s after the last renewal
+
+// cutUntilLapsed cuts side name from the record, waits until it lapsed, and checks that it
+// paused its VM after the holder's margin began and before the term ended, counting from the
+// last renewal that went through, and that nothing leaves it while it is paused.
+func (p *pair) cutUntilLapsed(t *testing.T, s *side, name string) {
+	t.Helper()
+	p.lease.SetDownFor(name, true)
+	waitState(t, s, failover.Lapsed)
+	st := s.agent.Status()
+	if st.RenewedAt.IsZero() || st.Lapses == 0 {
+		t.Fatalf("%s lapsed without a renewal or a count: %+v", name, st)
+	}
+	if !s.engine.Paused() {
+		t.Fatalf("%s lapsed and its VM runs", name)
+	}
+	if st.Since.Before(testTerm.PauseAt(st.RenewedAt)) {
+		t.Fatalf("%s paused %s after its last renewal, before its margin (%s)", name, st.Since.Sub(st.RenewedAt), testTerm.PauseAt(st.RenewedAt).Sub(st.RenewedAt))
+	}
+	if end := st.RenewedAt.Add(time.Duration(testTerm)); !st.Since.Before(end) {
+		t.Fatalf("%s paused %s after its last renewal: after its term of %s", name, st.Since.Sub(st.RenewedAt), time.Duration(testTerm))
+	}
+	_, before, _ := p.outs.snapshot()
+	time.Sleep(200 * time.Millisecond)
+	_, after, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[name] != before[name] {
+		t.Fatalf("%s released outputs %d to %d while lapsed", name, before[name], after[name])
+	}
+}
+
+func TestAnAlonePrimaryCutFromTheRecordPausesAndRunsAgainWhenItRenews(t *testing.T) {
+	p := newPair(t)
+	p.term = testTerm
+	a := p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, a, failover.Alone)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.lease.Renewals("a") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the alone primary does not renew the record")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.cutUntilLapsed(t, a, "a")
+
+	// The cut heals: the next renewal goes through, the VM runs and releases again.
+	_, before, _ := p.outs.snapshot()
+	p.lease.SetDownFor("a", false)
+	waitState(t, a, failover.Alone)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		_, now, err := p.outs.snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now["a"] > before["a"]+10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no output after the renewal: %d, was %d (engine paused: %v)", now["a"], before["a"], a.engine.Paused())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if a.engine.Paused() || a.agent.Status().Epoch != 2 {
+		t.Fatalf("after the renewal: paused %v, %+v", a.engine.Paused(), a.agent.Status())
+	}
+
+	// Cut again; meanwhile the operator gives the record to a new member (the term passed):
+	// the renewal after the heal finds it moved, and the side is fenced for good.
+	p.cutUntilLapsed(t, a, "a")
+	p.lease.Hold("node-x/x", 3)
+	_, before, _ = p.outs.snapshot()
+	p.lease.SetDownFor("a", false)
+	waitState(t, a, failover.Fenced)
+	time.Sleep(100 * time.Millisecond)
+	_, after, _ := p.outs.snapshot()
+	if after["a"] != before["a"] {
+		t.Fatalf("a released outputs %d to %d after the record moved", before["a"], after["a"])
+	}
+}
+
+func TestAProtectedPrimaryCutFromTheRecordPausesAndResumesProtected(t *testing.T) {
+	p := newPair(t)
+	p.term = testTerm
+	p.protect(t)
+	p.cutUntilLapsed(t, p.a, "a")
+	if st := p.b.agent.State(); st != failover.Replicating {
+		t.Fatalf("the secondary of a paused primary is %s: its lockstepd still answers", st)
+	}
+	p.lease.SetDownFor("a", false)
+	waitState(t, p.a, failover.Protected)
+	_, before, _ := p.outs.snapshot()
+	time.Sleep(200 * time.Millisecond)
+	_, after, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err) // every output still left only once the secondary held it
+	}
+	if after["a"] <= before["a"] {
+		t.Fatalf("no output after the protected primary renewed: %d", after["a"])
+	}
+}
+
+// An engine without Pauser cannot hold its VM: its side is fenced when its term lapses.
+func TestASideThatCannotPauseIsFencedWhenItsTermLapses(t *testing.T) {
+	p := newPair(t)
+	p.term = testTerm
+	// The wrapper hides every method but the Engine's.
+	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
+		return struct{ engine.Engine }{c}
+	}}
+	a := p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, a, failover.Alone)
+	p.lease.SetDownFor("a", true)
+	waitState(t, a, failover.Fenced)
+	if msg := a.agent.Status().Message; !strings.Contains(msg, "cannot pause") {
+		t.Fatalf("fenced with %q, want it to say the engine cannot pause", msg)
+	}
+}
