@@ -28,8 +28,10 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/internal/arbiter"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/placement"
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 var _ = Describe("FaultTolerantVM", func() {
@@ -544,6 +546,39 @@ var _ = Describe("FaultTolerantVM", func() {
 			})
 			Expect(after.Status.FailoverCount).To(BeZero(), "a restart from disk is not a failover")
 			Expect(eventMessages(ns, "vm", ftv1.ReasonPrimaryLost)).To(ContainSubstring("secondary vm-3 never synchronized"))
+		})
+
+		It("restarts a primary that runs alone, cut from the API server, only once its record's term passed since its last renewal", func() {
+			oldPrimary := got.Status.Primary
+			setProtection(ns, "vm", ftv1.ProtectionSuspended)
+			Eventually(func() []virtv1.VirtualMachineInstance { return members(ns, "vm") }, timeout, interval).Should(HaveLen(1))
+			// The primary's lockstepd renews the record, as it does every fifth of the term.
+			const recordTerm = 6 * time.Second
+			lease := &coordinationv1.Lease{}
+			key := types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}
+			Expect(k8s.Get(ctx(), key, lease)).To(Succeed())
+			arb := &arbiter.Arbiter{Client: k8s, Lease: key, Identity: *lease.Spec.HolderIdentity, Term: term.Term(recordTerm)}
+			Expect(arb.Renew(ctx(), uint64(*lease.Spec.LeaseTransitions), oldPrimary.VMI)).To(Succeed())
+			renewed := time.Now()
+			// Its node is cut from the API server: no heartbeat, no renewal.
+			setNodeReady(oldPrimary.Node, false)
+			waitFor(ns, "vm", "waiting for the record's term", func(f *ftv1.FaultTolerantVM) bool {
+				c := condition(f, ftv1.ConditionProtected)
+				return c != nil && c.Reason == ftv1.ReasonWaitingForRecordTerm
+			})
+			Expect(condition(getFTVM(ns, "vm"), ftv1.ConditionProtected).Message).To(ContainSubstring(oldPrimary.VMI))
+			vmi, err := getVMI(ns, oldPrimary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(vmi.DeletionTimestamp).To(BeNil(), "not fenced while its term runs")
+
+			after := waitFor(ns, "vm", "restarted elsewhere", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.Primary != nil && f.Status.Primary.VMI != oldPrimary.VMI
+			})
+			Expect(after.Status.Primary.Node).NotTo(Equal(oldPrimary.Node))
+			// The record left the old primary (its acquire time is the operator's write, on this
+			// machine's clock) no sooner than the term after its last renewal.
+			Expect(k8s.Get(ctx(), key, lease)).To(Succeed())
+			Expect(lease.Spec.AcquireTime.Time).To(BeTemporally(">=", renewed.Add(recordTerm)))
 		})
 
 		It("waits for the grace period before judging a NotReady node lost", func() {

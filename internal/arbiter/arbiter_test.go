@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/lockstep-dev/lockstep/internal/term"
 )
 
 // The Lease lives in a real kube-apiserver (envtest): its compare-and-set is the API server's.
@@ -227,5 +229,54 @@ func TestHolderNamedBeforeItsNodeIsSelf(t *testing.T) {
 	}
 	if h, err := newArbiter(t, "named-early", "node-2/db-2").Ensure(ctx); err != nil || h.Self {
 		t.Fatalf("another member: %+v %v, want not Self", h, err)
+	}
+}
+
+// TestRenewalsKeepTheHolderAndAClaimEndsThem: the holder's renewals stamp the record's term and
+// renew time and move nothing else, while the operator writes its annotations and the secondary
+// renews nothing of its own; once the secondary claims the record, the old holder's renewal at
+// its epoch is lost (it must fence itself) and the new holder's goes through.
+func TestRenewalsKeepTheHolderAndAClaimEndsThem(t *testing.T) {
+	ctx := context.Background()
+	p, s := newArbiter(t, "renew", "node-1/db-1"), newArbiter(t, "renew", "node-2/db-2")
+	p.Term, s.Term = term.Term(12*time.Second), term.Term(12*time.Second)
+	if _, err := p.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	go writeAnnotations(t, "renew", stop)
+	var last time.Time
+	for range 20 {
+		if err := p.Renew(ctx, 1, "db-1"); err != nil {
+			close(stop)
+			t.Fatalf("the holder's renewal: %v", err)
+		}
+		lease := &coordinationv1.Lease{}
+		if err := p.Client.Get(ctx, p.Lease, lease); err != nil {
+			t.Fatal(err)
+		}
+		if *lease.Spec.HolderIdentity != "node-1/db-1" || *lease.Spec.LeaseTransitions != 1 ||
+			lease.Spec.LeaseDurationSeconds == nil || *lease.Spec.LeaseDurationSeconds != 12 || lease.Annotations["ft.lockstep.dev/renewed-by"] != "node-1/db-1" {
+			close(stop)
+			t.Fatalf("after a renewal: %+v %v", lease.Spec, lease.Annotations)
+		}
+		if lease.Spec.RenewTime.Time.Before(last) {
+			close(stop)
+			t.Fatalf("the renew time went back: %s after %s", lease.Spec.RenewTime.Time, last)
+		}
+		last = lease.Spec.RenewTime.Time
+	}
+	close(stop)
+	if err := s.Renew(ctx, 1, "db-2"); !errors.Is(err, ErrLost) {
+		t.Fatalf("a renewal for a member the record does not name: %v, want ErrLost", err)
+	}
+	if _, err := s.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Renew(ctx, 1, "db-1"); !errors.Is(err, ErrLost) {
+		t.Fatalf("the old holder's renewal after the claim: %v, want ErrLost", err)
+	}
+	if err := s.Renew(ctx, 2, "db-2"); err != nil {
+		t.Fatalf("the new holder's renewal: %v", err)
 	}
 }
