@@ -298,6 +298,20 @@ func startsUnaided(reason string) bool {
 	return reason == ftv1.ReasonStarting || reason == ftv1.ReasonAdopting
 }
 
+// decisionWaits says whether the decision on a primary that cannot be seen waits.
+func (s *scope) decisionWaits() bool { return s.termWait != nil || s.waiting }
+
+// waitingFor is the Protected condition's reason and message while the decision on a primary
+// that cannot be seen waits: for its record's term, or for its suspect secondary.
+func waitingFor(s *scope) (reason, msg string) {
+	if s.termWait != nil {
+		return ftv1.ReasonWaitingForRecordTerm, s.termWait.message()
+	}
+	return ftv1.ReasonWaitingForSecondary,
+		fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
+			s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message)
+}
+
 // protection is the pair's state and its Protected condition (ok, reason, message), from the
 // members' verdicts and the reasons of their own conditions.
 func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (state ftv1.FTState, ok bool, reason, msg string) {
@@ -310,14 +324,9 @@ func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (sta
 		if s.primary != nil || s.secondary != nil {
 			msg += "; members are stopping"
 		}
-	case s.termWait != nil:
-		state = ftv1.StateNotProtected
-		ok, reason, msg = false, ftv1.ReasonWaitingForRecordTerm, s.termWait.message()
-	case s.waiting:
-		state = ftv1.StateNotProtected
-		ok, reason, msg = false, ftv1.ReasonWaitingForSecondary,
-			fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
-				s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message)
+	case s.decisionWaits():
+		state, ok = ftv1.StateNotProtected, false
+		reason, msg = waitingFor(s)
 	case s.failingOver():
 		state = ftv1.StateFailingOver
 		ok, reason, msg = false, ftv1.ReasonPromoted,

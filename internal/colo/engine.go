@@ -315,14 +315,8 @@ func (e *Engine) Run(ctx context.Context, rec engine.Recorder) error {
 		if unprotect {
 			e.teardown(ctx, q)
 		}
-		e.mu.Lock()
-		paused := e.paused
-		e.mu.Unlock()
-		if gen != done && paused {
-			retry = time.After(2 * time.Second) // protected once it runs again
-			continue
-		}
-		if gen != done {
+		// A paused VM is protected once it runs again (Resume pokes the loop).
+		if gen != done && !e.isPaused() {
 			if err := e.protect(ctx, q, rec); err != nil {
 				e.cfg.Log.Error(err, "protecting the VM failed; it runs alone and protection is retried")
 				e.mu.Lock()
@@ -505,6 +499,12 @@ func (e *Engine) Pause(ctx context.Context) error {
 		return errors.New("not attached to the member's QEMU")
 	}
 	return q.Execute(ctx, "stop", nil, nil)
+}
+
+func (e *Engine) isPaused() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.paused
 }
 
 // Resume implements engine.Pauser.

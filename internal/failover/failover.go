@@ -122,40 +122,44 @@ func (s Side) MayRelease() bool { return s.State == Alone }
 // MayReleaseAcked says whether outputs the peer acknowledged may leave.
 func (s Side) MayReleaseAcked() bool { return s.State == Protected || s.State == Alone }
 
+// ofTerm says whether the event is one of the record's term.
+func (e Event) ofTerm() bool { return e == TermLapsed || e == Renewed || e == RecordMoved }
+
+// onTerm applies the events of the record's term, and every event to a Lapsed side: paused and
+// holding everything, it waits for its renewal to decide (a claim from a silent peer now would
+// race it; once renewed, the detector fires again).
+func (s *Side) onTerm(e Event) []Action {
+	switch {
+	case e == TermLapsed && (s.State == Protected || s.State == Alone):
+		s.LapsedFrom, s.State = s.State, Lapsed
+		return []Action{Pause}
+	case e == Renewed && s.State == Lapsed:
+		s.State = s.LapsedFrom
+		if s.State == Alone {
+			return []Action{Resume, ReleaseHeld}
+		}
+		return []Action{Resume, ReleaseAcked}
+	case e == RecordMoved && s.State != Claiming:
+		// (A claim under way reads the record and decides.)
+		s.State = Fenced
+		return []Action{Fence}
+	case e == SecondaryJoined && s.LapsedFrom == Alone:
+		// Its acknowledgement came before the lapse: the side resumes protected.
+		s.LapsedFrom, s.WasPrimary = Protected, true
+	}
+	// A lapse of a side that does not run the VM (or that claims: the claim decides), a renewal
+	// of one not lapsed.
+	return nil
+}
+
 // On applies an event and returns the actions to take, in order. An event that does not apply in
 // the current state is an error and changes nothing.
 func (s *Side) On(e Event) ([]Action, error) {
 	switch {
 	case s.State == Fenced:
 		return nil, nil // final: nothing undoes a fence
-	case e == TermLapsed && (s.State == Protected || s.State == Alone):
-		s.LapsedFrom, s.State = s.State, Lapsed
-		return []Action{Pause}, nil
-	case e == TermLapsed:
-		return nil, nil // not running the VM (or claiming: the claim decides), or lapsed already
-	case e == Renewed && s.State == Lapsed:
-		s.State = s.LapsedFrom
-		if s.State == Alone {
-			return []Action{Resume, ReleaseHeld}, nil
-		}
-		return []Action{Resume, ReleaseAcked}, nil
-	case e == Renewed:
-		return nil, nil
-	case e == RecordMoved && s.State == Claiming:
-		return nil, nil // the claim under way reads the record and decides
-	case e == RecordMoved:
-		s.State = Fenced
-		return []Action{Fence}, nil
-	case e == SecondaryJoined && s.State == Lapsed:
-		// Its acknowledgement came before the lapse: the side resumes protected.
-		if s.LapsedFrom == Alone {
-			s.LapsedFrom, s.WasPrimary = Protected, true
-		}
-		return nil, nil
-	case (e == PeerSilent || e == SecondaryDropped) && s.State == Lapsed:
-		// Paused and holding everything: the renewal decides first (a claim now would race it);
-		// once renewed, the detector fires again.
-		return nil, nil
+	case s.State == Lapsed || e.ofTerm():
+		return s.onTerm(e), nil
 	case e == PeerSilent && (s.State == Protected || s.State == Replicating):
 		s.WasPrimary = s.State == Protected
 		s.State = Claiming

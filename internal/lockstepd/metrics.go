@@ -14,7 +14,8 @@ type collector struct{ d *Daemon }
 
 var (
 	metricLabels    = []string{"pair", "vmi"}
-	descState       = prometheus.NewDesc("lockstepd_side_state", "1 for the state a side of a pair is in (Protected, Replicating, Claiming, Alone, Fenced), 0 for the others.", append(metricLabels, "state"), nil)
+	descState       = prometheus.NewDesc("lockstepd_side_state", "1 for the state a side of a pair is in (Protected, Replicating, Claiming, Alone, Fenced, Lapsed), 0 for the others.", append(metricLabels, "state"), nil)
+	descLapses      = prometheus.NewDesc("lockstepd_record_term_lapses_total", "Times the side could not renew the pair's record within its term and paused its VM (docs/operator.md, \"The record's term\").", metricLabels, nil)
 	descInterval    = prometheus.NewDesc("lockstepd_vlockstep_interval_seconds", "How far the secondary trails the primary (moving average), measured on the primary.", metricLabels, nil)
 	descBytes       = prometheus.NewDesc("lockstepd_log_bytes_total", "FT log entry bytes sent by the primary.", metricLabels, nil)
 	descHeld        = prometheus.NewDesc("lockstepd_held_outputs", "Outputs waiting for the secondary's acknowledgement.", metricLabels, nil)
@@ -34,7 +35,7 @@ var (
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused, descCertExpiry, descAwaited} {
+	for _, d := range []*prometheus.Desc{descState, descLapses, descInterval, descBytes, descHeld, descConn, descSilence, descFailover, descEpoch, descPace, descCheckpoints, descPause, descUnparsed, descResyncDone, descResyncTotal, descRefused, descCertExpiry, descAwaited} {
 		ch <- d
 	}
 }
@@ -58,6 +59,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, append(l, s.String())...)
 		}
+		ch <- prometheus.MustNewConstMetric(descLapses, prometheus.CounterValue, float64(st.Lapses), l...)
 		ch <- prometheus.MustNewConstMetric(descInterval, prometheus.GaugeValue, st.Interval.Seconds(), l...)
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.BytesLogged), l...)
 		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(st.Held), l...)
