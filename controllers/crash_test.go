@@ -310,6 +310,7 @@ var _ = Describe("Crash points", func() {
 				expectWholePair(ns, b.primary.VMI, 0, b.secondary.Node)
 			},
 			rows: []string{
+				"update Lease ft-vm", // the lost secondary's node suspect, before it is let go
 				"delete VirtualMachineInstance vm-2",
 				"update Lease ft-vm", // the name vm-3 handed out, before anything of it is made
 				"create PersistentVolumeClaim vm-3-root",

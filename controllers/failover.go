@@ -92,6 +92,17 @@ func (r *FaultTolerantVMReconciler) memberGone(ctx context.Context, namespace, n
 // carryOut carries out a plan.
 func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan roles.Plan) error {
 	s.waiting, s.restart = plan.Waiting, plan.Restart
+	// The nodes of the members let go as lost are suspect from now on, recorded first: with the
+	// plan's record, or alone.
+	added, err := r.suspectNodesOf(ctx, s, plan)
+	if err != nil {
+		return err
+	}
+	if added && plan.Record == nil {
+		if err := r.writeRecord(ctx, s.ftvm, s.record, s.record.Record, s.record.holderNode); err != nil {
+			return r.retryOnRace(s, err)
+		}
+	}
 	if plan.Record != nil {
 		before := *s.record
 		holderNode := ""
@@ -115,7 +126,6 @@ func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan
 		if f.Duplicate {
 			reason = ftv1.ReasonDuplicatePrimary
 		}
-		s.suspect = append(s.suspect, s.member(f.Name).node)
 		if err := r.retire(ctx, s, s.member(f.Name), reason, f.Why); err != nil {
 			return r.retryOnRace(s, err)
 		}
@@ -129,7 +139,6 @@ func (r *FaultTolerantVMReconciler) carryOut(ctx context.Context, s *scope, plan
 	for _, d := range plan.Drop {
 		mv := s.member(d.Name)
 		if mv.verdict.State == health.Lost {
-			s.suspect = append(s.suspect, mv.node)
 			r.Recorder.Eventf(s.ftvm, mv.vmi, corev1.EventTypeWarning, ftv1.ReasonSecondaryLost, "Replace",
 				"secondary %s on node %s lost (%s): starting a new secondary", mv.vmi.Name, mv.node, mv.verdict.Message)
 		}

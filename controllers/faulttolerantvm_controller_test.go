@@ -361,6 +361,47 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(after.Status.Secondary.Node).NotTo(Equal(oldPrimary.Node))
 		})
 
+		It("keeps a node that lost the primary suspect after the member is gone, until the node proves healthy", func() {
+			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// Only the old primary's node is left for a new secondary.
+			for i := 1; i <= 3; i++ {
+				if n := nodeName(fmt.Sprintf("node-%d", i)); n != oldPrimary.Node && n != oldSecondary.Node {
+					Expect(k8s.Delete(ctx(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
+				}
+			}
+			// The old primary's kubelet renews its lease, until its host dies (below).
+			holder := oldPrimary.Node
+			kubeletLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: oldPrimary.Node},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: time.Now()}}}
+			Expect(k8s.Create(ctx(), kubeletLease)).To(Succeed())
+			DeferCleanup(func() { _ = k8s.Delete(ctx(), kubeletLease) })
+			// The primary's host dies: its secondary's lockstepd won the pair's Lease. The node
+			// still reads Ready: nobody has told the API server yet.
+			patch := fmt.Sprintf(`{"status":{"replication":{"primary":{"vmi":%q,"node":%q,"state":"Alone","epoch":3,"reportTime":%q}}}}`,
+				oldSecondary.VMI, oldSecondary.Node, time.Now().UTC().Format(time.RFC3339))
+			Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
+			record := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, record)).To(Succeed())
+			Expect(record.Annotations[ftv1.AnnotationSuspectNodes]).To(ContainSubstring(oldPrimary.Node))
+			// Reconcile after reconcile, with the fenced member long gone, nothing goes there.
+			Consistently(func(g Gomega) {
+				for _, m := range members(ns, "vm") {
+					g.Expect(m.Labels[ftv1.LabelNode]).NotTo(Equal(oldPrimary.Node), "a member placed on the node that just lost the primary")
+				}
+			}, 4*time.Second, interval).Should(Succeed())
+			Expect(condition(getFTVM(ns, "vm"), ftv1.ConditionSecondaryReady).Message).To(ContainSubstring("has not proved healthy"))
+
+			// The node comes back: its kubelet renews its lease. The secondary may go there now.
+			Expect(k8s.Get(ctx(), client.ObjectKeyFromObject(kubeletLease), kubeletLease)).To(Succeed())
+			kubeletLease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+			Expect(k8s.Update(ctx(), kubeletLease)).To(Succeed())
+			after := waitFor(ns, "vm", "protected by a new secondary on the node that proved healthy", func(f *ftv1.FaultTolerantVM) bool {
+				return f.Status.State == ftv1.StateProtected && f.Status.Secondary != nil && f.Status.Secondary.Node == oldPrimary.Node
+			})
+			Expect(after.Status.Primary.VMI).To(Equal(oldSecondary.VMI))
+		})
+
 		It("keeps a primary whose node went silent while its lockstepd reports it replicating, and fails over once the reports stop", func() {
 			p, sec := got.Status.Primary, got.Status.Secondary
 			// What the primary's lockstepd writes every few seconds while the pair replicates:

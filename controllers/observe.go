@@ -51,9 +51,9 @@ type scope struct {
 	adopting       string // what the adoption of spec.adoptFrom's VirtualMachine waits for
 	primaryErr     error  // why no primary could be started
 	secondaryErr   error  // why no secondary could be started
-	// suspect are nodes where a member of the pair was lost or fenced, in this reconcile or
-	// while its VMI is still going: a new secondary goes elsewhere, since a node that just lost
-	// a member may be dying before the API server says so.
+	// suspect are nodes where a member of the pair was lost or fenced and that have not proved
+	// healthy since (suspects.go), or where its VMI is still going: a new secondary goes
+	// elsewhere, since a node that just lost a member may be dying before the API server says so.
 	suspect  []string
 	promoted bool // a secondary was promoted in this reconcile
 	// protectionOff: spec.protection keeps the pair without a secondary.
@@ -142,6 +142,9 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 		return nil, err
 	}
 	s.maxOrdinal = max(s.maxOrdinal, s.record.LastOrdinal)
+	if err := r.judgeSuspects(ctx, s); err != nil {
+		return nil, err
+	}
 	s.now, s.grace = r.Clock.Now(), r.Config.NodeLostGrace
 	s.judgeReplication()
 	if err := r.loadOperations(ctx, s); err != nil {

@@ -31,6 +31,8 @@ type record struct {
 	holderNode string
 	// lastPromotion is when the last promotion was counted.
 	lastPromotion *metav1.Time
+	// suspects are the pair's suspect nodes (suspects.go).
+	suspects map[string]suspicion
 }
 
 func recordKey(ftvm *ftv1.FaultTolerantVM) types.NamespacedName {
@@ -64,6 +66,7 @@ func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM
 	rec.Operation = lease.Annotations[ftv1.AnnotationOperation]
 	rec.ReservedNode = lease.Annotations[ftv1.AnnotationReservedNode]
 	rec.LastOrdinal, _ = strconv.Atoi(lease.Annotations[ftv1.AnnotationLastOrdinal])
+	rec.suspects = decodeSuspects(lease.Annotations[ftv1.AnnotationSuspectNodes])
 	if t, err := time.Parse(time.RFC3339, lease.Annotations[ftv1.AnnotationLastPromotionTime]); err == nil {
 		mt := metav1.NewTime(t)
 		rec.lastPromotion = &mt
@@ -113,6 +116,7 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	}
 	setOrDelete(lease.Annotations, ftv1.AnnotationOperation, next.Operation)
 	setOrDelete(lease.Annotations, ftv1.AnnotationReservedNode, next.ReservedNode)
+	setOrDelete(lease.Annotations, ftv1.AnnotationSuspectNodes, encodeSuspects(cur.suspects))
 	if next.LastOrdinal > 0 {
 		lease.Annotations[ftv1.AnnotationLastOrdinal] = strconv.Itoa(next.LastOrdinal)
 	}

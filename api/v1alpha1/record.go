@@ -34,6 +34,10 @@ const (
 	// that ordinal (or its disk copy) is created: a member's name names one VMI in the
 	// FaultTolerantVM's life, also after a halt or a restart from disk removed every member.
 	AnnotationLastOrdinal = "ft.lockstep.dev/last-ordinal"
+	// AnnotationSuspectNodes lists the nodes where a member of the pair was lost or fenced and
+	// which have not proved healthy since (JSON: node → what the operator saw of it then): no new
+	// member of the pair goes there meanwhile. Written before the member is let go.
+	AnnotationSuspectNodes = "ft.lockstep.dev/suspect-nodes"
 )
 
 // RecordName is the name of a pair's record (its Lease).

@@ -11,9 +11,11 @@ import (
 )
 
 func (a *Agent) startPrimary(ctx context.Context) {
-	holder, err := a.arb.Ensure(ctx)
+	// A restarted lockstepd's primary may be the only copy of the VM: one failed read of the
+	// record must not stop it. It tries for as long as a claim would.
+	holder, err := ensureWithin(ctx, a.arb, a.cfg.ClaimTimeout)
 	if err != nil {
-		a.fence(fmt.Sprintf("could not read the pair's Lease: %v", err))
+		a.fence(fmt.Sprintf("could not read the pair's Lease within %s: %v", a.cfg.ClaimTimeout, err))
 		return
 	}
 	if holder.Identity != "" && !holder.Self {
@@ -81,6 +83,22 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 			}
 		})
 	}()
+}
+
+func ensureWithin(ctx context.Context, arb engine.Arbiter, timeout time.Duration) (engine.Holder, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		h, err := arb.Ensure(ctx)
+		if err == nil {
+			return h, nil
+		}
+		select {
+		case <-ctx.Done():
+			return engine.Holder{}, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func claimWithin(ctx context.Context, arb engine.Arbiter, known uint64, timeout time.Duration) (uint64, error) {

@@ -134,3 +134,17 @@ func TestASideThatCannotPauseIsFencedWhenItsTermLapses(t *testing.T) {
 		t.Fatalf("fenced with %q, want it to say the engine cannot pause", msg)
 	}
 }
+
+// A restarting primary is often the only copy of the VM: a record it cannot read at once (the
+// API server restarting too) must not stop it.
+func TestAStartingPrimaryReadsTheRecordAgainRatherThanStopAtTheFirstFailure(t *testing.T) {
+	p := newPair(t)
+	p.lease.SetDown(true)
+	a := p.start(t, "a", true, p.tlsA, nil)
+	time.Sleep(150 * time.Millisecond) // within its claim timeout (300ms)
+	if st := a.agent.State(); st == failover.Fenced {
+		t.Fatalf("fenced after one failed read: %s", a.agent.Status().Message)
+	}
+	p.lease.SetDown(false)
+	waitState(t, a, failover.Alone)
+}

@@ -280,3 +280,46 @@ func TestRenewalsKeepTheHolderAndAClaimEndsThem(t *testing.T) {
 		t.Fatalf("the new holder's renewal: %v", err)
 	}
 }
+
+// TestAClaimUnderASlowAPIServerIsDecidedWithinItsAttempt: an API server that takes 1.2 s to
+// answer each request decides a claim whose attempt may take half lockstepd's default claim
+// timeout (lockstepd.Config.ClaimAttemptTimeout); an attempt bounded to one second, as lockstepd
+// had it, never reaches a decision, and the winner would have fenced itself.
+func TestAClaimUnderASlowAPIServerIsDecidedWithinItsAttempt(t *testing.T) {
+	ctx := context.Background()
+	p := newArbiter(t, "slow", "node-1/db-1")
+	if _, err := p.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := interceptor.NewClient(inner, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			select {
+			case <-time.After(600 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			select {
+			case <-time.After(600 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+	})
+	s := newArbiter(t, "slow", "node-2/db-2")
+	s.Client, s.Timeout = slow, time.Second
+	if _, err := s.Claim(ctx, 1); err == nil || errors.Is(err, ErrLost) {
+		t.Fatalf("a one-second attempt against a 1.2 s API server: %v, want it undecided", err)
+	}
+	s.Timeout = 5 * time.Second / 2 // lockstepd's default claim timeout, halved
+	if e, err := s.Claim(ctx, 1); err != nil || e != 2 {
+		t.Fatalf("a claim within its attempt: %d %v, want epoch 2", e, err)
+	}
+}

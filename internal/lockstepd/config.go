@@ -69,6 +69,12 @@ type Config struct {
 	ReprotectionTimeout time.Duration
 }
 
+// ClaimAttemptTimeout bounds one attempt at the pair's record (a claim, a read): half the claim
+// timeout, so that a slow API server that answers within it decides the claim, and a lost
+// answer leaves time for a second attempt, which finds the first one's write. (A fixed second
+// made a winner under a slow API server fence itself.)
+func (c *Config) ClaimAttemptTimeout() time.Duration { return max(time.Second, c.ClaimTimeout/2) }
+
 // DefaultConfig is the configuration with every flag at its default.
 func DefaultConfig() Config {
 	var c Config

@@ -361,7 +361,7 @@ func (d *Daemon) ensureAgent(ctx context.Context, pair types.NamespacedName, vmi
 	if m != nil {
 		return m, nil
 	}
-	arb := &arbiter.Arbiter{Client: d.Records, Identity: identityOf(d.Config.NodeName, vmi.Name), Timeout: time.Second, Term: term.Term(d.Config.RecordTerm),
+	arb := &arbiter.Arbiter{Client: d.Records, Identity: identityOf(d.Config.NodeName, vmi.Name), Timeout: d.Config.ClaimAttemptTimeout(), Term: term.Term(d.Config.RecordTerm),
 		Lease: types.NamespacedName{Namespace: pair.Namespace, Name: LeaseName(pair.Name)}}
 	spec := MemberOf(vmi, d.Config.NodeName)
 	if !spec.Primary {

@@ -69,6 +69,16 @@ func Name(ftvmName string, ordinal int) string {
 	return fmt.Sprintf("%s-%d", ftvmName, ordinal)
 }
 
+// Hostname is the guest hostname of every member of the FaultTolerantVM name: its first DNS
+// label, at most 63 characters (a FaultTolerantVM's name may be a DNS subdomain).
+func Hostname(name string) string {
+	label, _, _ := strings.Cut(name, ".")
+	if len(label) > 63 {
+		label = label[:63]
+	}
+	return strings.TrimRight(label, "-")
+}
+
 // Normalize returns the template with what must be equal on both members made explicit: the
 // firmware UUID and the MAC address of every interface, derived from the FaultTolerantVM's UID.
 // Without them each member would get its own, and the guest would see its hardware change at
@@ -139,6 +149,11 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	}
 	external := virtv1.EvictionStrategyExternal
 	spec.EvictionStrategy = &external
+	if spec.Hostname == "" {
+		// KubeVirt names the guest after its VMI: the members, and a VM restarted from its disks,
+		// would each give the guest another hostname.
+		spec.Hostname = Hostname(ftvm.Name)
+	}
 	spec.Affinity = pinAndSeparate(spec.Affinity, ftvm, m.Node)
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]

@@ -2,12 +2,14 @@ package member
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	virtv1 "kubevirt.io/api/core/v1"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -190,5 +192,35 @@ func TestBuildTakesNoKeyOfLockstepsOwnFromTheTemplate(t *testing.T) {
 	}
 	if got := build(Member{Ordinal: 3, Role: ftv1.RoleSecondary, Node: "n7", ReplicaOf: "db-2"}).Annotations[ftv1.AnnotationReplicaOf]; got != "db-2" {
 		t.Errorf("a member handed db-2's copies names %q", got)
+	}
+}
+
+func TestEveryMemberGivesTheGuestTheSameHostname(t *testing.T) {
+	ftvm := testFTVM()
+	tmpl := Normalize(ftvm.UID, ftvm.Spec.Template)
+	var names []string
+	for _, m := range []Member{{Role: ftv1.RolePrimary, Ordinal: 1, Node: "a"}, {Role: ftv1.RoleSecondary, Ordinal: 2, Node: "b"}, {Role: ftv1.RolePrimary, Ordinal: 7, Node: "c"}} {
+		vmi, err := Build(ftvm, tmpl, m, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, vmi.Spec.Hostname)
+	}
+	if names[0] != ftvm.Name || names[1] != ftvm.Name || names[2] != ftvm.Name {
+		t.Errorf("the members' hostnames: %v, want %s for each", names, ftvm.Name)
+	}
+	tmpl.Spec.Hostname = "mail"
+	if vmi, _ := Build(ftvm, tmpl, Member{Role: ftv1.RolePrimary, Ordinal: 1}, Options{}); vmi.Spec.Hostname != "mail" {
+		t.Errorf("a hostname the user chose became %q", vmi.Spec.Hostname)
+	}
+	for name, want := range map[string]string{
+		"db.eu-west":                   "db",
+		strings.Repeat("a", 62) + "-b": strings.Repeat("a", 62),
+		strings.Repeat("x", 70):        strings.Repeat("x", 63),
+	} {
+		got := Hostname(name)
+		if got != want || len(validation.IsDNS1123Label(got)) > 0 {
+			t.Errorf("Hostname(%q) = %q, want %q, a DNS label", name, got, want)
+		}
 	}
 }

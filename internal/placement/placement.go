@@ -101,7 +101,7 @@ type Request struct {
 	AvoidNodes []string
 	// AvoidDomains are topology domains the member must not use: the other member's domain.
 	AvoidDomains []string
-	// SuspectNodes are nodes that lost or dropped a member of the pair moments ago: they may be
+	// SuspectNodes are nodes that lost a member of the pair and have not proved healthy since: they may be
 	// dying before the API server says so. Not avoided when Node names one (a person chose it).
 	SuspectNodes []string
 	// Node, when set, is the only node the member may use (a migration to a chosen node).
@@ -128,7 +128,7 @@ const (
 	RejectLogBandwidth   = "logging bandwidth budget exhausted"
 	RejectNoTopologyInfo = "has no value for the topology key"
 	RejectNotAsked       = "not the node asked for"
-	RejectSuspect        = "lost or dropped a member of this pair moments ago"
+	RejectSuspect        = "lost a member of this pair and has not proved healthy since (a lease renewed by its lockstepd or kubelet, or Ready again)"
 	// As the scheduler says them.
 	RejectInsufficientCPU    = "Insufficient cpu"
 	RejectInsufficientMemory = "Insufficient memory"
