@@ -515,6 +515,7 @@ var _ = Describe("Crash points", func() {
 				expectDeleted(ns)
 			},
 			rows: []string{
+				"update Lease ft-vm",                // released: nobody may run the VM
 				"patch VirtualMachineInstance vm-1", // the primary labelled fenced
 				"delete VirtualMachineInstance vm-1",
 				"delete VirtualMachineInstance vm-2",
@@ -539,6 +540,7 @@ var _ = Describe("Crash points", func() {
 					Should(ContainSubstring("vm-2-root (volume root, in place of claim disk)"), "the event names the kept claim")
 			},
 			rows: []string{
+				"update Lease ft-vm",                // released: nobody may run the VM
 				"patch VirtualMachineInstance vm-2", // the primary labelled fenced
 				"delete VirtualMachineInstance vm-2",
 				"delete VirtualMachineInstance vm-3",

@@ -30,6 +30,11 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 		return ctrl.Result{}, nil
 	}
 	s := &scope{ftvm: ftvm}
+	// First the record: nobody may run the VM any more (finding: a secondary could win it and
+	// go live on copies the deletion then removes).
+	if _, err := r.releaseRecord(ctx, ftvm); err != nil {
+		return ctrl.Result{}, fmt.Errorf("releasing the pair's record before its members go: %w", err)
+	}
 	var vmis virtv1.VirtualMachineInstanceList
 	if err := r.APIReader.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name}); err != nil {
 		return ctrl.Result{}, err

@@ -175,16 +175,9 @@ func (r *FaultTolerantVMReconciler) phaseHalt(ctx context.Context, s *scope) err
 		return nil
 	}
 	if s.record.Holder != "" {
-		fresh, err := r.freshRecord(ctx, s.ftvm)
+		fresh, err := r.releaseRecord(ctx, s.ftvm)
 		if err != nil {
-			return err
-		}
-		if fresh.Holder != "" {
-			next := fresh.Record
-			next.Holder, next.Epoch = "", fresh.Epoch+1
-			if err := r.writeRecord(ctx, s.ftvm, fresh, next, ""); err != nil {
-				return r.retryOnRace(s, err)
-			}
+			return r.retryOnRace(s, err)
 		}
 		s.record = fresh
 	}

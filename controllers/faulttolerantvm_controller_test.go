@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -271,6 +272,34 @@ var _ = Describe("FaultTolerantVM", func() {
 			By("creating the missing network, the waiting VM starts")
 			Expect(k8s.Create(ctx(), otherNet())).To(Succeed())
 			waitForState(ns, "nonet", ftv1.StateProtected)
+		})
+
+		It("releases the pair's record before its members go when it is deleted: the secondary can no longer win it", func() {
+			Expect(k8s.Create(ctx(), newFTVM(ns, "going"))).To(Succeed())
+			got := waitForState(ns, "going", ftv1.StateProtected)
+			key := types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("going")}
+			before := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), key, before)).To(Succeed())
+			// The secondary's VMI lingers (its node does not answer): the deletion waits for it.
+			sec, err := getVMI(ns, got.Status.Secondary.VMI)
+			Expect(err).NotTo(HaveOccurred())
+			sec.Finalizers = append(sec.Finalizers, "test.lockstep.dev/lingers")
+			Expect(k8s.Update(ctx(), sec)).To(Succeed())
+			Expect(k8s.Delete(ctx(), got)).To(Succeed())
+			Eventually(isGone(ns, got.Status.Primary.VMI), timeout, interval).Should(BeTrue())
+			after := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), key, after)).To(Succeed())
+			Expect(ptr.Deref(after.Spec.HolderIdentity, "")).To(BeEmpty())
+			Expect(*after.Spec.LeaseTransitions).To(Equal(*before.Spec.LeaseTransitions + 1))
+			// The secondary's lockstepd stops hearing its primary and claims the epoch it knew.
+			arb := &arbiter.Arbiter{Client: k8s, Lease: key, Identity: got.Status.Secondary.Node + "/" + got.Status.Secondary.VMI}
+			_, err = arb.Claim(ctx(), uint64(*before.Spec.LeaseTransitions))
+			Expect(err).To(MatchError(arbiter.ErrLost))
+			// The secondary goes at last, and the deletion ends.
+			Expect(k8s.Get(ctx(), client.ObjectKeyFromObject(sec), sec)).To(Succeed())
+			sec.Finalizers = nil
+			Expect(k8s.Update(ctx(), sec)).To(Succeed())
+			Eventually(isGone(ns, sec.Name), timeout, interval).Should(BeTrue())
 		})
 
 		It("deletes its members when it is deleted", func() {

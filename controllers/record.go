@@ -165,6 +165,20 @@ func (r *FaultTolerantVMReconciler) freshRecord(ctx context.Context, ftvm *ftv1.
 	return r.loadRecord(ctx, r.APIReader, ftvm)
 }
 
+// releaseRecord makes the record name no holder, at the next epoch, before the members are
+// stopped (a halt) or deleted (a deletion): neither member can win it after that (a secondary
+// claims the epoch it knew, which is gone, and the primary's renewal finds it moved and fences
+// it), so no member goes live on copies that are about to go. It returns the record as written.
+func (r *FaultTolerantVMReconciler) releaseRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*record, error) {
+	fresh, err := r.freshRecord(ctx, ftvm)
+	if err != nil || fresh.lease == nil || fresh.Holder == "" {
+		return fresh, err
+	}
+	next := fresh.Record
+	next.Holder, next.Epoch = "", fresh.Epoch+1
+	return fresh, r.writeRecord(ctx, ftvm, fresh, next, "")
+}
+
 // movedTo says whether the record changed hands or epoch between r, as a view saw it, and fresh:
 // a decision taken from r's view may not act on fresh.
 func (r *record) movedTo(fresh *record) bool {
