@@ -670,6 +670,62 @@ func (pw *primaryWatch) violations() []string {
 	return pw.bad
 }
 
+var _ = Describe("Restarting a FaultTolerantVM after a failover", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("never starts the VM from the claim a failover superseded, when a renamed volume no longer finds the newer copy", func() {
+		ns := newNamespace()
+		setupFailedOverPair(ns)
+		f := getFTVM(ns, "vm")
+		base := f.DeepCopy()
+		f.Spec.RunStrategy = ftv1.RunStrategyHalted
+		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+		waitForState(ns, "vm", ftv1.StateStopped)
+		Eventually(func() []virtv1.VirtualMachineInstance { return members(ns, "vm") }, timeout, interval).Should(BeEmpty())
+		// The volume is renamed: the pair's copies are known by the old name.
+		f = getFTVM(ns, "vm")
+		base = f.DeepCopy()
+		old := f.Spec.Template.Spec.Volumes[0].Name
+		f.Spec.Template.Spec.Volumes[0].Name = "system"
+		for i := range f.Spec.Template.Spec.Domain.Devices.Disks {
+			if f.Spec.Template.Spec.Domain.Devices.Disks[i].Name == old {
+				f.Spec.Template.Spec.Domain.Devices.Disks[i].Name = "system"
+			}
+		}
+		f.Spec.RunStrategy = ftv1.RunStrategyRunning
+		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+		waitFor(ns, "vm", "refused with the superseded claim named", func(f *ftv1.FaultTolerantVM) bool {
+			c := condition(f, ftv1.ConditionPrimaryReady)
+			return c != nil && strings.Contains(c.Message, `claim "disk" holds an older state`) && strings.Contains(c.Message, "vm-2-root")
+		})
+		// Refused before the record is written: no epoch and no name spent at each retry.
+		record := &coordinationv1.Lease{}
+		key := types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}
+		Expect(k8s.Get(ctx(), key, record)).To(Succeed())
+		epoch, ordinal := *record.Spec.LeaseTransitions, record.Annotations[ftv1.AnnotationLastOrdinal]
+		Consistently(func(g Gomega) {
+			g.Expect(members(ns, "vm")).To(BeEmpty())
+			g.Expect(k8s.Get(ctx(), key, record)).To(Succeed())
+			g.Expect(*record.Spec.LeaseTransitions).To(Equal(epoch))
+			g.Expect(record.Annotations[ftv1.AnnotationLastOrdinal]).To(Equal(ordinal))
+		}, 2*time.Second, interval).Should(Succeed())
+
+		// The template names the newer claim: the VM starts from it.
+		f = getFTVM(ns, "vm")
+		base = f.DeepCopy()
+		f.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.ClaimName = "vm-2-root"
+		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+		Eventually(func() []virtv1.VirtualMachineInstance { return members(ns, "vm") }, timeout, interval).ShouldNot(BeEmpty())
+
+		f = getFTVM(ns, "vm")
+		base = f.DeepCopy()
+		f.Spec.DiskRetention = ftv1.DiskRetentionDelete
+		Expect(k8s.Patch(ctx(), f, client.MergeFrom(base))).To(Succeed())
+		Expect(k8s.Delete(ctx(), f)).To(Succeed())
+		Eventually(leftoversIn(ns), timeout, interval).Should(BeEmpty())
+	})
+})
+
 var _ = Describe("Deleting a FaultTolerantVM after a failover", func() {
 	AfterEach(func() { deleteAllNodes() })
 

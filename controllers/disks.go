@@ -121,20 +121,9 @@ func (r *FaultTolerantVMReconciler) ensureMemberClaims(ctx context.Context, ftvm
 	names := slices.Sorted(maps.Keys(volumes)) // one order of writes
 	// Every claim of the template is read and judged before anything is written, so that a
 	// claim that cannot be used leaves no copy half handed over.
-	sources := map[string]*corev1.PersistentVolumeClaim{}
-	for _, volume := range names {
-		userClaim := volumes[volume]
-		source := &corev1.PersistentVolumeClaim{}
-		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, source); err != nil {
-			if apierrors.IsNotFound(err) {
-				return out, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
-			}
-			return out, err
-		}
-		if why := validation.ClaimProblem(source, r.Config.Member.COLO.Enabled); why != "" {
-			return out, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
-		}
-		sources[volume] = source
+	sources, err := r.sourceClaims(ctx, ftvm, volumes, role, copies)
+	if err != nil {
+		return out, err
 	}
 	for _, volume := range names {
 		userClaim, source := volumes[volume], sources[volume]
@@ -286,6 +275,70 @@ func (r *FaultTolerantVMReconciler) markWasPrimary(ctx context.Context, namespac
 		return client.IgnoreNotFound(err)
 	}
 	return patchAnnotation(ctx, r.Client, user, ftv1.AnnotationSupersededBy, claim)
+}
+
+// sourceClaims reads and judges the template's claims (volume -> claim) for a new member of
+// role, writing nothing: errSourceClaim when one cannot be used. The callers check before they
+// write the record, so that a refused start spends no epoch and no name.
+func (r *FaultTolerantVMReconciler) sourceClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, volumes map[string]string, role string,
+	copies []corev1.PersistentVolumeClaim) (map[string]*corev1.PersistentVolumeClaim, error) {
+	sources := map[string]*corev1.PersistentVolumeClaim{}
+	for _, volume := range slices.Sorted(maps.Keys(volumes)) {
+		userClaim := volumes[volume]
+		source := &corev1.PersistentVolumeClaim{}
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ftvm.Namespace, Name: userClaim}, source); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, fmt.Errorf("%w: volume %q names claim %q, which does not exist", errSourceClaim, volume, userClaim)
+			}
+			return nil, err
+		}
+		if why := validation.ClaimProblem(source, r.Config.Member.COLO.Enabled); why != "" {
+			return nil, fmt.Errorf("%w: volume %q: claim %q %s", errSourceClaim, volume, userClaim, why)
+		}
+		if role == ftv1.RolePrimary && currentDisk(copies, volume, userClaim) == userClaim {
+			if err := r.notSuperseded(ctx, source, volume); err != nil {
+				return nil, err
+			}
+		}
+		sources[volume] = source
+	}
+	return sources, nil
+}
+
+// checkClaims says, writing nothing, whether a new member of role can have its disks.
+func (r *FaultTolerantVMReconciler) checkClaims(ctx context.Context, ftvm *ftv1.FaultTolerantVM, spec *virtv1.VirtualMachineInstanceSpec, role string) error {
+	volumes := pvcVolumes(spec)
+	if len(volumes) == 0 {
+		return nil
+	}
+	copies, err := r.diskCopies(ctx, ftvm)
+	if err != nil {
+		return err
+	}
+	_, err = r.sourceClaims(ctx, ftvm, volumes, role, copies)
+	return err
+}
+
+// notSuperseded refuses to start the VM from a claim of the template that a failover superseded,
+// while the claim that superseded it is there: that one holds the VM's newer disk, and the
+// template names the older one only because its volume was renamed (the pair's copies are known
+// by volume) or the claim reused. A person decides: name the newer claim in the template, or
+// remove the annotation to start from the older state on purpose.
+func (r *FaultTolerantVMReconciler) notSuperseded(ctx context.Context, user *corev1.PersistentVolumeClaim, volume string) error {
+	by := user.Annotations[ftv1.AnnotationSupersededBy]
+	if by == "" {
+		return nil
+	}
+	newer := &corev1.PersistentVolumeClaim{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: user.Namespace, Name: by}, newer)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && newer.DeletionTimestamp != nil:
+		return nil // the newer disk is gone: the template's claim is the VM's only disk
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%w: volume %q: claim %q holds an older state of the VM's disk: a failover made claim %q the VM's disk (annotation %s); name %q in the template's volume, or remove the annotation from %q to start from the older state on purpose",
+		errSourceClaim, volume, user.Name, by, ftv1.AnnotationSupersededBy, by, user.Name)
 }
 
 // patchAnnotation sets an annotation of a claim, unless it has that value already.

@@ -203,6 +203,9 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 	withSecondary := true
 	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
 		func(node string) error {
+			if err := r.checkClaims(ctx, s.ftvm, &tmpl.Spec, ftv1.RolePrimary); err != nil {
+				return err // before the record: a refused start spends no epoch
+			}
 			if r.Config.Member.COLO.Enabled {
 				// Decided once: the primary's sizes (known when it starts from copies), and from
 				// them whether the secondary is made now and its name reserved with the primary's.
@@ -325,6 +328,9 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 	_, err := r.Placer.PlaceAndCreate(ctx, nm.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, nm.key(s), func(node string) error {
 		// The name is handed out only once a node holds the member: a VM that waits for room
 		// neither writes its record at every try nor spends a name at each.
+		if err := r.checkClaims(ctx, s.ftvm, &tmpl.Spec, ftv1.RoleSecondary); err != nil {
+			return err
+		}
 		if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
 			return err
 		}
