@@ -31,6 +31,8 @@ type fakeQEMU struct {
 	events map[string][]map[string]any
 	// hang names the commands that get no reply, as from a QEMU whose main loop is stuck.
 	hang map[string]bool
+	// failFirst refuses the first n calls of a command (a failure that passes).
+	failFirst map[string]int
 
 	mu      sync.Mutex
 	cmds    []string
@@ -68,7 +70,15 @@ func (f *fakeQEMU) conn(t *testing.T) *qmp.Conn {
 				continue
 			}
 			reply := map[string]any{"id": req.ID, "return": map[string]any{}}
+			f.mu.Lock()
+			transient := f.failFirst[req.Execute] > 0
+			if transient {
+				f.failFirst[req.Execute]--
+			}
+			f.mu.Unlock()
 			switch {
+			case transient:
+				reply = map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": "a failure that passes"}}
 			case f.refuse[req.Execute] != "":
 				reply = map[string]any{"id": req.ID, "error": map[string]any{"class": "GenericError", "desc": f.refuse[req.Execute]}}
 			case req.Execute == "qom-list":

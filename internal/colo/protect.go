@@ -10,34 +10,70 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/lockstep-dev/lockstep/internal/engine"
 	"github.com/lockstep-dev/lockstep/internal/qmp"
 	"github.com/lockstep-dev/lockstep/internal/relay"
 )
 
+// goLiveAttempts and goLiveRetry bound the retries of a go-live step that failed: the member
+// that goes live holds the pair's record and the only copy of the VM's state, and stopping it for
+// one failed command would lose that state (the VM restarts from its disks).
+const (
+	goLiveAttempts = 3
+	goLiveRetry    = 500 * time.Millisecond
+)
+
 // goLive makes the secondary the VM: cut the dead primary's streams, leave COLO, attach the
-// network and announce the VM's address from here.
+// network and announce the VM's address from here. A failed step is tried again (the steps
+// already done count as done); a failed announcement is not fatal: the VM runs, and clients
+// learn its address when their ARP entries expire.
 // resume: an earlier lockstepd began it (see Engine.live).
 func (e *Engine) goLive(ctx context.Context, q *qmp.Conn, resume bool) error {
 	e.unpair()
-	goLive := SecondaryGoLive
-	if resume {
-		goLive = FinishSecondaryGoLive
-	}
-	if err := goLive(ctx, q); err != nil {
+	err := retry(ctx, e.cfg.Log, "leaving COLO", func(attempt int) error {
+		if resume || attempt > 0 {
+			return FinishSecondaryGoLive(ctx, q)
+		}
+		return SecondaryGoLive(ctx, q)
+	})
+	if err != nil {
 		return err
 	}
 	e.mu.Lock()
 	e.live, e.wasSecondary = true, true
 	e.mu.Unlock()
 	if e.cfg.AttachNetwork != nil {
-		if err := e.cfg.AttachNetwork(ctx); err != nil {
+		if err := retry(ctx, e.cfg.Log, "attaching the VM's network", func(int) error { return e.cfg.AttachNetwork(ctx) }); err != nil {
 			return fmt.Errorf("attach the VM's network: %w", err)
 		}
 	}
 	// The first announcement goes out at once: it must reach the switches before the clients'
 	// first retransmission (200 ms at the earliest on Linux) to save them a second one.
-	return q.Execute(ctx, "announce-self", map[string]any{"initial": 1, "max": 550, "rounds": 5, "step": 50}, nil)
+	if err := q.Execute(ctx, "announce-self", map[string]any{"initial": 1, "max": 550, "rounds": 5, "step": 50}, nil); err != nil {
+		e.cfg.Log.Error(err, "announcing the VM's address failed; it runs, and clients find it once their ARP entries expire")
+	}
+	return nil
+}
+
+// retry runs step up to goLiveAttempts times, goLiveRetry apart, until it succeeds.
+func retry(ctx context.Context, log logr.Logger, what string, step func(attempt int) error) error {
+	var err error
+	for attempt := range goLiveAttempts {
+		if attempt > 0 {
+			log.Error(err, "going live: a step failed; trying again", "step", what, "attempt", attempt+1)
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(goLiveRetry):
+			}
+		}
+		if err = step(attempt); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // protect resyncs the secondary's disk, then migrates the VM into COLO with it, and logs "ready"
