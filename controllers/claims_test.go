@@ -26,7 +26,7 @@ func TestUnderCOLOABlockModeClaimIsRefusedWhenItAppears(t *testing.T) {
 	spec := &virtv1.VirtualMachineInstanceSpec{Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{DataVolume: &virtv1.DataVolumeSource{Name: "raw"}}}}}
 	for _, colo := range []bool{true, false} {
 		c := fake.NewClientBuilder().WithScheme(NewScheme()).WithObjects(pvc).Build()
-		r := &FaultTolerantVMReconciler{Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: colo}}}}
+		r := &FaultTolerantVMReconciler{Sightings: &Sightings{}, Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: colo}}}}
 		disks, err := r.ensureMemberClaims(context.Background(), ftvm, spec, "vm-1", member.Member{Ordinal: 1, Role: ftv1.RolePrimary}, nil)
 		claims := disks.claims
 		if !colo {

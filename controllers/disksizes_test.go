@@ -47,7 +47,7 @@ func TestUnderCOLOSecondariesAreSizedFromTheirPrimary(t *testing.T) {
 	}
 	tmpl := member.Normalize(ftvm.UID, ftvm.Spec.Template)
 	c := fake.NewClientBuilder().WithScheme(NewScheme()).WithObjects(ftvm, claim("db-root", "3Gi"), claim("db-data", "2Gi")).Build()
-	r := &FaultTolerantVMReconciler{Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: true}}}}
+	r := &FaultTolerantVMReconciler{Sightings: &Sightings{}, Client: c, APIReader: c, Scheme: NewScheme(), Config: Config{Member: member.Options{COLO: member.COLO{Enabled: true}}}}
 	build := func(name string, ordinal int, role string, bytes member.DiskBytes) *virtv1.VirtualMachineInstance {
 		t.Helper()
 		disks, err := r.ensureMemberClaims(ctx, ftvm, &tmpl.Spec, name, member.Member{Ordinal: ordinal, Role: role, Node: "node-" + name, DiskBytes: bytes}, nil)

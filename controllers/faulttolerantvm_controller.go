@@ -64,6 +64,8 @@ type FaultTolerantVMReconciler struct {
 	Clock     clock.PassiveClock
 	Placer    *Placer
 	Config    Config
+	// Sightings is shared with the Placer (sightings.go).
+	Sightings *Sightings
 
 	// announced remembers the condition transitions already announced by an event, so that a
 	// reconcile that reads a status older than its own last patch does not announce them twice.

@@ -17,7 +17,7 @@ import (
 
 // lockstepdOn says whether lockstepd runs on node (health.Lockstepd), from its node lease in the
 // cache (lockstepd's namespace), and when the lease ran out.
-func lockstepdOn(ctx context.Context, reader client.Reader, namespace string, node *corev1.Node, now time.Time) (bool, time.Time) {
+func lockstepdOn(ctx context.Context, reader client.Reader, sightings *Sightings, namespace string, node *corev1.Node, now time.Time) (bool, time.Time) {
 	if node == nil {
 		return false, time.Time{}
 	}
@@ -32,5 +32,13 @@ func lockstepdOn(ctx context.Context, reader client.Reader, namespace string, no
 		log.FromContext(ctx).V(1).Info("reading a node lease", "node", node.Name, "err", err.Error())
 		lease = nil
 	}
-	return health.Lockstepd(node, lease, now)
+	return health.Lockstepd(node, lease, nodeLeaseSeen(sightings, lease, now), now)
+}
+
+// nodeLeaseSeen is when the operator first saw lease's current renewal (zero without a lease).
+func nodeLeaseSeen(sightings *Sightings, lease *coordinationv1.Lease, now time.Time) time.Time {
+	if lease == nil {
+		return time.Time{}
+	}
+	return sightings.Seen("lease/"+lease.Namespace+"/"+lease.Name, health.LeaseRenewal(lease), now)
 }

@@ -72,7 +72,11 @@ func TestUnderCOLOASecondaryWhoseLockstepdStoppedIsNeverPromoted(t *testing.T) {
 				WithIndex(&ftv1.FaultTolerantVMOperation{}, indexOperationByFTVM, func(o client.Object) []string {
 					return []string{o.(*ftv1.FaultTolerantVMOperation).Spec.FaultTolerantVMName}
 				}).Build()
-			r := &FaultTolerantVMReconciler{Client: cl, APIReader: cl, Scheme: NewScheme(), Clock: clocktesting.NewFakePassiveClock(now),
+			// The operator saw the lease's last renewal when it was written: it dates it so, by
+			// its own clock, whatever the renew time says.
+			sightings := &Sightings{}
+			nodeLeaseSeen(sightings, lease("node-b", renewed), renewed)
+			r := &FaultTolerantVMReconciler{Client: cl, APIReader: cl, Scheme: NewScheme(), Clock: clocktesting.NewFakePassiveClock(now), Sightings: sightings,
 				Config: Config{NodeLostGrace: grace, LockstepdNamespace: "lockstep-system", Member: member.Options{COLO: member.COLO{Enabled: c.colo}}}}
 			s, err := r.observe(context.Background(), ftvm)
 			if err != nil {
@@ -87,5 +91,25 @@ func TestUnderCOLOASecondaryWhoseLockstepdStoppedIsNeverPromoted(t *testing.T) {
 				t.Errorf("the decision once the primary is lost: %+v", plan)
 			}
 		})
+	}
+}
+
+// TestSightingsDateAValueByTheOperatorsClock: a value keeps the time it was first seen; a new
+// value is dated anew; the node's own time inside the value plays no part.
+func TestSightingsDateAValueByTheOperatorsClock(t *testing.T) {
+	var s Sightings
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	if got := s.Seen("lease/ns/a", "n1@2026-12-06T11:50:00Z", t0); !got.Equal(t0) {
+		t.Fatalf("first sighting dated %s", got)
+	}
+	if got := s.Seen("lease/ns/a", "n1@2026-12-06T11:50:00Z", t0.Add(30*time.Second)); !got.Equal(t0) {
+		t.Fatalf("the same value seen again is dated %s, want its first sighting", got)
+	}
+	if got := s.Seen("lease/ns/a", "n1@2026-12-06T11:50:10Z", t0.Add(40*time.Second)); !got.Equal(t0.Add(40 * time.Second)) {
+		t.Fatalf("a renewal is dated %s, want when it was seen", got)
+	}
+	s.Forget("lease/ns/a")
+	if got := s.Seen("lease/ns/a", "n1@2026-12-06T11:50:10Z", t0.Add(50*time.Second)); !got.Equal(t0.Add(50 * time.Second)) {
+		t.Fatalf("after Forget: %s", got)
 	}
 }

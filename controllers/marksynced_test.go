@@ -31,7 +31,7 @@ func TestUnderCOLOOnlyLockstepdMarksASecondarySynchronized(t *testing.T) {
 				_, marked = obj.GetAnnotations()[ftv1.AnnotationSyncedAt]
 				return nil
 			}}).Build()
-		r := &FaultTolerantVMReconciler{Client: c, Clock: clock.RealClock{}, Config: Config{Member: member.Options{COLO: member.COLO{Enabled: colo}}}}
+		r := &FaultTolerantVMReconciler{Sightings: &Sightings{}, Client: c, Clock: clock.RealClock{}, Config: Config{Member: member.Options{COLO: member.COLO{Enabled: colo}}}}
 		running := health.Verdict{State: health.Running}
 		s := &scope{
 			primary:   &memberView{vmi: &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm-1"}}, verdict: running, lockstepd: true},

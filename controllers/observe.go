@@ -69,6 +69,7 @@ type scope struct {
 	requeueAfter time.Duration
 	now          time.Time     // when the members were judged
 	grace        time.Duration // the node-lost grace they were judged with
+	sightings    *Sightings    // when the operator first saw what other machines' clocks wrote
 }
 
 func (s *scope) requeueWithin(d time.Duration) {
@@ -89,7 +90,7 @@ func (s *scope) member(name string) *memberView {
 
 // observe reads the members of the pair and the pair's record, and judges each member.
 func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (*scope, error) {
-	s := &scope{ftvm: ftvm}
+	s := &scope{ftvm: ftvm, sightings: r.Sightings}
 	var vmis virtv1.VirtualMachineInstanceList
 	if err := r.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingFields{indexMemberByPair: ftvm.Name}); err != nil {
 		return nil, err
@@ -114,7 +115,7 @@ func (r *FaultTolerantVMReconciler) observe(ctx context.Context, ftvm *ftv1.Faul
 		if r.Config.Member.COLO.Enabled && v.Labels[ftv1.LabelRole] == ftv1.RoleSecondary {
 			// Its state, and its go-live, come only through its node's lockstepd, which must
 			// still run there (its node lease), not only have run once.
-			if running, expired := lockstepdOn(ctx, r.Client, r.Config.LockstepdNamespace, nodePtr, now); !running {
+			if running, expired := lockstepdOn(ctx, r.Client, r.Sightings, r.Config.LockstepdNamespace, nodePtr, now); !running {
 				mv.verdict = health.WithoutLockstepd(mv.verdict, mv.node, expired, now, r.Config.NodeLostGrace)
 			}
 		}
@@ -197,7 +198,8 @@ func (s *scope) judgeReplication() {
 		}
 		for _, side := range []*ftv1.SideStatus{rep.Primary, rep.Secondary} {
 			if side != nil && side.VMI == mv.vmi.Name && side.Node == mv.node {
-				mv.verdict = health.Vouch(mv.verdict, side, mv.vmi.Name, s.now, s.grace)
+				seen := s.sightings.Seen("report/"+s.ftvm.Namespace+"/"+s.ftvm.Name+"/"+side.VMI, side.ReportTime.UTC().Format(time.RFC3339Nano), s.now)
+				mv.verdict = health.Vouch(mv.verdict, side, mv.vmi.Name, seen, s.now, s.grace)
 			}
 		}
 		if mv.verdict.Reason == health.ReasonNodeSilentReplicating {

@@ -59,6 +59,9 @@ type Placer struct {
 	// Requests is what the pods bound to each node request: with the node's allocatable CPU and
 	// memory, the room the scheduler will see there. Nil: resources are not counted.
 	Requests *NodeRequests
+	// Sightings dates the node leases' renewals on the operator's clock (shared with the
+	// reconciler).
+	Sightings *Sightings
 
 	mu      sync.Mutex
 	assumed map[types.NamespacedName]assumedMember
@@ -324,7 +327,9 @@ func (p *Placer) nodeOf(ctx context.Context, n *corev1.Node, members []placement
 		pn.Requested = p.Requests.Requested(n.Name)
 	}
 	if pn.Unavailable == "" && p.RequireLockstepd {
-		if running, expired := health.Lockstepd(n, p.nodeLease(ctx, n.Name), time.Now()); !running {
+		now := time.Now()
+		lease := p.nodeLease(ctx, n.Name)
+		if running, expired := health.Lockstepd(n, lease, nodeLeaseSeen(p.Sightings, lease, now), now); !running {
 			pn.Unavailable = "lockstepd does not run there (the node has no " + ftv1.AnnotationNodeLoggingAddress + " annotation), and a COLO member needs it"
 			if !expired.IsZero() {
 				pn.Unavailable = "lockstepd does not run there (its node lease " + ftv1.NodeLeaseName(n.Name) + " ran out at " +

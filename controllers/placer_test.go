@@ -44,7 +44,7 @@ func placerOn(t *testing.T, nodes int, limits placement.Limits) (*Placer, client
 	}
 	c := b.Build()
 	return &Placer{Nodes: clientLister{c, &corev1.NodeList{}}, Members: clientLister{c, &virtv1.VirtualMachineInstanceList{}},
-		Reader: c, APIReader: c, Defaults: limits, AssumeTTL: time.Minute}, c
+		Reader: c, APIReader: c, Defaults: limits, AssumeTTL: time.Minute, Sightings: &Sightings{}}, c
 }
 
 // clientLister lists through a fake client, as the informer's store would: an object written is
@@ -244,10 +244,21 @@ func TestUnderCOLOOnlyNodesWithLockstepdTakeMembers(t *testing.T) {
 	if got := node1(); got != "" {
 		t.Errorf("node-1 with a current lease: %q", got)
 	}
+	// A renewal whose renew time reads a minute ago (the node's clock is behind) is still one:
+	// the operator dates it when it sees it.
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now().Add(-time.Minute)}
 	if err := c.Update(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
+	if got := node1(); got != "" {
+		t.Errorf("node-1 renewing by a clock a minute behind: %q", got)
+	}
+	// The operator last saw it renew a minute ago: it ran out.
+	p.Sightings = &Sightings{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lease), lease); err != nil { // as stored: to the microsecond
+		t.Fatal(err)
+	}
+	nodeLeaseSeen(p.Sightings, lease, time.Now().Add(-time.Minute))
 	if got := node1(); !strings.Contains(got, "its node lease lockstepd-node-1 ran out") {
 		t.Errorf("node-1 whose lease ran out: %q", got)
 	}

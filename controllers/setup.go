@@ -76,6 +76,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 			return err
 		}
 	}
+	sightings := &Sightings{}
 	r := &FaultTolerantVMReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -84,8 +85,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace, Leases: leases,
-			Requests: requests},
-		Config: cfg,
+			Requests: requests, Sightings: sightings},
+		Config:    cfg,
+		Sightings: sightings,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err

@@ -235,12 +235,14 @@ func FromReplication(rep *ftv1.ReplicationStatus, primaryVMI, secondaryVMI strin
 // member's own lockstepd reports through the API server, and its peer hears it on the logging
 // network. So a member judged Suspect or Lost on its node's conditions alone runs on (Running,
 // ReasonNodeSilentReplicating) while side — the report of the member's own lockstepd — names
-// it, was written no earlier than the second the node went down (the API keeps seconds) and
-// within grace of now, and says it replicates: a
-// primary Protected (or Alone, with no secondary to lose), a secondary Replicating, synchronized
-// and connected, or either side Claiming the pair's Lease. When the reports stop for grace, the node's verdict stands; when the host
-// really died, the peer's lockstepd reports it long before that (FromReplication).
-func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, now time.Time, grace time.Duration) Verdict {
+// it, was first seen by the operator (reportSeen, on the operator's clock: the report's own time
+// is the node's clock, which may be minutes off) no earlier than the second the node went down
+// (the API keeps seconds) and within grace of now, and says it replicates: a primary Protected
+// (or Alone, with no secondary to lose), a secondary Replicating, synchronized and connected, or
+// either side Claiming the pair's Lease. When the reports stop for grace, the node's verdict
+// stands; when the host really died, the peer's lockstepd reports it long before that
+// (FromReplication).
+func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, reportSeen, now time.Time, grace time.Duration) Verdict {
 	if v.State != Suspect && v.State != Lost || v.Reason != ReasonNodeNotReady && v.Reason != ReasonNodeUnreachable {
 		return v
 	}
@@ -253,8 +255,8 @@ func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, now time.Time, grace ti
 	// lost the claim and fenced itself, was promoted over it: no copy of the VM was left running.
 	healthy := side.State == ftv1.SideProtected || side.State == ftv1.SideAlone || side.State == ftv1.SideClaiming ||
 		side.State == ftv1.SideReplicating && side.Synchronized && side.Connected
-	at := side.ReportTime.Time
-	if !healthy || at.Before(v.Since.Truncate(time.Second)) || now.Sub(at) >= grace {
+	at := reportSeen
+	if !healthy || at.IsZero() || at.Before(v.Since.Truncate(time.Second)) || now.Sub(at) >= grace {
 		return v
 	}
 	return Verdict{State: Running, Reason: ReasonNodeSilentReplicating, Since: v.Since, RecheckAfter: grace - now.Sub(at),

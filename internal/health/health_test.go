@@ -191,7 +191,11 @@ func TestVouch(t *testing.T) {
 		{"a running member", Verdict{State: Running, Reason: "Running"}, report(ftv1.SideProtected, time.Second), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Vouch(tc.v, tc.side, "vm-1", now, grace)
+			var seen time.Time
+			if tc.side != nil {
+				seen = tc.side.ReportTime.Time // the operator saw each report as it was written
+			}
+			got := Vouch(tc.v, tc.side, "vm-1", seen, now, grace)
 			if vouched := got.Reason == ReasonNodeSilentReplicating; vouched != tc.vouched {
 				t.Fatalf("vouched %v, want %v: %+v", vouched, tc.vouched, got)
 			}

@@ -16,23 +16,18 @@ import (
 const ReasonLockstepdNotRunning = "LockstepdNotRunning"
 
 // Lockstepd says whether lockstepd runs on node (nil: the node is gone), from its node lease
-// (nil: there is none) at now, and when the lease ran out (zero while it runs). lockstepd
-// publishes its logging address on the Node when it starts and renews the lease from then on; a
-// node with the address and no lease runs a lockstepd of a version before the lease, and counts
-// as running, as it did then.
-func Lockstepd(node *corev1.Node, lease *coordinationv1.Lease, now time.Time) (running bool, expired time.Time) {
+// (nil: there is none) at now, and when the lease ran out (zero while it runs). renewed is when
+// the operator first saw the lease's current renewal, on its own clock: the lease's renewTime is
+// the node's clock, which may be minutes off the operator's. lockstepd publishes its logging
+// address on the Node when it starts and renews the lease from then on; a node with the address
+// and no lease runs a lockstepd of a version before the lease, and counts as running, as it did
+// then.
+func Lockstepd(node *corev1.Node, lease *coordinationv1.Lease, renewed, now time.Time) (running bool, expired time.Time) {
 	if node == nil || node.Annotations[ftv1.AnnotationNodeLoggingAddress] == "" {
 		return false, time.Time{}
 	}
 	if lease == nil {
 		return true, time.Time{}
-	}
-	renewed := lease.CreationTimestamp.Time // a lease never renewed ran out a duration after it was made
-	switch {
-	case lease.Spec.RenewTime != nil:
-		renewed = lease.Spec.RenewTime.Time
-	case lease.Spec.AcquireTime != nil:
-		renewed = lease.Spec.AcquireTime.Time
 	}
 	duration := time.Duration(ftv1.NodeLeaseDurationSeconds) * time.Second
 	if lease.Spec.LeaseDurationSeconds != nil {
@@ -43,6 +38,23 @@ func Lockstepd(node *corev1.Node, lease *coordinationv1.Lease, now time.Time) (r
 		return true, time.Time{}
 	}
 	return false, end
+}
+
+// LeaseRenewal is the value of a lease's current renewal: its holder and renew time as their
+// writer wrote them (its creation when it was never renewed), compared for equality only.
+func LeaseRenewal(l *coordinationv1.Lease) string {
+	renewed := "created " + l.CreationTimestamp.UTC().Format(time.RFC3339)
+	switch {
+	case l.Spec.RenewTime != nil:
+		renewed = l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
+	case l.Spec.AcquireTime != nil:
+		renewed = l.Spec.AcquireTime.UTC().Format(time.RFC3339Nano)
+	}
+	holder := ""
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	return holder + "@" + renewed
 }
 
 // WithoutLockstepd is the verdict on a COLO secondary that runs (v) on a node where lockstepd

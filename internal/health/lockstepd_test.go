@@ -34,10 +34,34 @@ func TestLockstepd(t *testing.T) {
 		{"a lease never renewed, made a minute ago", withAddress, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-time.Minute))}},
 			false, now.Add(-20 * time.Second)},
 	} {
-		running, expired := Lockstepd(c.node, c.lease, now)
+		// The operator saw each renewal as it was written (its clock and the node's agree here).
+		var seen time.Time
+		if c.lease != nil {
+			seen = c.lease.CreationTimestamp.Time
+			if c.lease.Spec.RenewTime != nil {
+				seen = c.lease.Spec.RenewTime.Time
+			}
+		}
+		running, expired := Lockstepd(c.node, c.lease, seen, now)
 		if running != c.running || !expired.Equal(c.expired) {
 			t.Errorf("%s: running %v, expired %v; want %v, %v", c.name, running, expired, c.running, c.expired)
 		}
+	}
+}
+
+// A node whose clock is ten minutes behind writes renew times ten minutes old: the operator goes
+// by when it saw each renewal, so a lockstepd that renews runs, and one that stopped ran out a
+// lease duration after the operator last saw it renew.
+func TestLockstepdOnANodeWhoseClockIsOff(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{ftv1.AnnotationNodeLoggingAddress: "10.0.0.1:7410"}}}
+	behind := &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now.Add(-10 * time.Minute)}, LeaseDurationSeconds: ptr.To(int32(40))}}
+	if running, _ := Lockstepd(node, behind, now.Add(-5*time.Second), now); !running {
+		t.Error("a lockstepd seen renewing 5 s ago, on a node whose clock is 10 minutes behind, does not run")
+	}
+	ahead := &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now.Add(10 * time.Minute)}, LeaseDurationSeconds: ptr.To(int32(40))}}
+	if running, expired := Lockstepd(node, ahead, now.Add(-time.Minute), now); running || !expired.Equal(now.Add(-20*time.Second)) {
+		t.Errorf("a lockstepd last seen renewing a minute ago, on a node whose clock is 10 minutes ahead: running %v, expired %v", running, expired)
 	}
 }
 
