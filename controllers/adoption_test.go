@@ -386,6 +386,7 @@ var _ = Describe("Crash points of adoption and release", func() {
 			},
 			rows: []string{
 				status("FaultTolerantVM", "vm"),         // the onDelete change observed
+				"update Lease ft-vm",                    // released: nobody may run the VM
 				"patch VirtualMachineInstance vm-2",     // the primary labelled fenced
 				"delete VirtualMachineInstance vm-2",    // and deleted
 				"delete VirtualMachineInstance vm-3",    // the secondary
@@ -396,9 +397,9 @@ var _ = Describe("Crash points of adoption and release", func() {
 				"delete NetworkAttachmentDefinition made-net",
 				"patch FaultTolerantVM vm", // the finalizer removed
 			},
-			// Rows 2 to 6 are a deletion's after a failover, crash-tested there
-			// (crash_test.go); a crash after row 5 leaves the kept claim for the release to find.
-			crashRows: []int{5, 7, 8, 9},
+			// Rows 2 to 7 are a deletion's after a failover, crash-tested there
+			// (crash_test.go); a crash after row 6 leaves the kept claim for the release to find.
+			crashRows: []int{6, 8, 9, 10},
 		})
 	})
 })
