@@ -302,6 +302,28 @@ var _ = Describe("FaultTolerantVM", func() {
 			Eventually(isGone(ns, sec.Name), timeout, interval).Should(BeTrue())
 		})
 
+		It("keeps a logging network it created while a pod attaches it when it is deleted", func() {
+			f := newFTVM(ns, "mknet")
+			f.Spec.LoggingNetwork = ftv1.LoggingNetwork{Name: "made-net", Config: `{"cniVersion":"0.3.1","type":"bridge"}`}
+			Expect(k8s.Create(ctx(), f)).To(Succeed())
+			waitForState(ns, "mknet", ftv1.StateProtected)
+			// A lockstepd-like pod attaches it (its DaemonSet names the logging network).
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "lockstepd-x", Namespace: ns,
+				Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": ns + "/made-net@ftlog"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "lockstepd"}}}}
+			Expect(k8s.Create(ctx(), pod)).To(Succeed())
+			Expect(k8s.Delete(ctx(), getFTVM(ns, "mknet"))).To(Succeed())
+			Eventually(func() bool {
+				err := k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "mknet"}, &ftv1.FaultTolerantVM{})
+				return apierrors.IsNotFound(err)
+			}, timeout, interval).Should(BeTrue())
+			nad := &nadv1.NetworkAttachmentDefinition{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "made-net"}, nad)).To(Succeed())
+			Expect(nad.DeletionTimestamp).To(BeNil(), "deleted under a pod that attaches it")
+			Expect(k8s.Delete(ctx(), pod, client.GracePeriodSeconds(0))).To(Succeed())
+			Expect(k8s.Delete(ctx(), nad)).To(Succeed()) // nothing releases it once the pod goes: the user does
+		})
+
 		It("deletes its members when it is deleted", func() {
 			Expect(k8s.Create(ctx(), newFTVM(ns, "gone"))).To(Succeed())
 			got := waitForState(ns, "gone", ftv1.StateProtected)

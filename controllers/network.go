@@ -2,9 +2,13 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,9 +86,76 @@ func (r *FaultTolerantVMReconciler) releaseLoggingNetwork(ctx context.Context, f
 			return nil // still in use
 		}
 	}
+	// lockstepd's pods attach the logging network (its DaemonSet names it): deleted under them,
+	// the next lockstepd to start on a node would find no network, and protect nothing there.
+	if user, err := r.podAttaching(ctx, ns, name); err != nil || user != "" {
+		if user != "" {
+			log.FromContext(ctx).Info("keeping the logging network the operator created: a pod attaches it", "network", ns+"/"+name, "pod", user)
+		}
+		return err
+	}
 	if err := r.Delete(ctx, &nad, client.Preconditions{UID: &nad.UID}); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting the logging network %s/%s: %w", ns, name, err)
 	}
 	log.FromContext(ctx).Info("deleted the logging network the operator created", "network", ns+"/"+name)
 	return nil
+}
+
+// podAttaching names a pod, in lockstepd's namespace or the network's, that attaches the
+// NetworkAttachmentDefinition ns/name through Multus ("" when none does).
+func (r *FaultTolerantVMReconciler) podAttaching(ctx context.Context, ns, name string) (string, error) {
+	for _, where := range slices.Compact([]string{r.Config.LockstepdNamespace, ns}) {
+		if where == "" {
+			continue
+		}
+		var pods corev1.PodList
+		if err := r.APIReader.List(ctx, &pods, client.InNamespace(where)); err != nil {
+			return "", err
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.DeletionTimestamp == nil && attaches(p.Namespace, p.Annotations[multusNetworks], ns, name) {
+				return p.Namespace + "/" + p.Name, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// multusNetworks is the pod annotation by which Multus attaches more networks.
+const multusNetworks = "k8s.v1.cni.cncf.io/networks"
+
+// attaches says whether a pod in podNS whose Multus annotation is networks attaches ns/name. The
+// annotation is a list of "[namespace/]name[@interface]", or JSON objects with name and namespace.
+func attaches(podNS, networks, ns, name string) bool {
+	networks = strings.TrimSpace(networks)
+	if networks == "" {
+		return false
+	}
+	if strings.HasPrefix(networks, "[") {
+		var list []struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		}
+		if json.Unmarshal([]byte(networks), &list) != nil {
+			return false
+		}
+		for _, n := range list {
+			if n.Name == name && (n.Namespace == ns || n.Namespace == "" && podNS == ns) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, item := range strings.Split(networks, ",") {
+		item, _, _ = strings.Cut(strings.TrimSpace(item), "@")
+		nns, nname, ok := strings.Cut(item, "/")
+		if !ok {
+			nns, nname = podNS, item
+		}
+		if nns == ns && nname == name {
+			return true
+		}
+	}
+	return false
 }
