@@ -81,9 +81,15 @@ func (g *reprotectionGate) load(now time.Time) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	// The wait began when the first of those lockstepds stopped, not when this one started: a
+	// lockstepd that restarts (a crash loop, a node's reboot) must not start the timeout again,
+	// or the rollout would wait for ever. (Since is this node's clock, as now is.)
 	g.awaited, g.begun, g.why = awaited, now, map[string]string{}
 	for _, a := range awaited {
 		g.why[a.Pair] = "not looked at yet"
+		if !a.Since.IsZero() && a.Since.Before(g.begun) {
+			g.begun = a.Since
+		}
 	}
 	return nil
 }

@@ -183,6 +183,26 @@ func TestReprotectionGateGivesUpAfterItsTimeout(t *testing.T) {
 	}
 }
 
+// A lockstepd that restarts does not start the timeout again (finding 10 of issue 58): it counts
+// from when the ledger's pairs were handed over, an hour ago here.
+func TestReprotectionGateTimesOutFromTheFirstHandOver(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now().Truncate(time.Second)
+	stopped := now.Add(-time.Hour)
+	if err := writeLedger(dir, []awaitedPair{{Pair: "vms/a", Secondary: "a-2", Since: stopped}}); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(ftvmProtected("a", metav1.ConditionFalse, stopped.Add(time.Second))).Build()
+	g := &reprotectionGate{RunDir: dir, Reader: c, Timeout: 30 * time.Minute}
+	if err := g.load(now); err != nil {
+		t.Fatal(err)
+	}
+	g.look(context.Background(), logr.Discard(), now)
+	if err := g.Check(nil); err != nil {
+		t.Fatalf("a lockstepd restarted an hour after the hand-over, with a 30m timeout: %v; want ready", err)
+	}
+}
+
 func TestReprotectionGateWithoutLedgerIsReady(t *testing.T) {
 	g := &reprotectionGate{RunDir: t.TempDir()}
 	if err := g.load(time.Now()); err != nil {
