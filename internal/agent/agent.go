@@ -117,7 +117,10 @@ type Agent struct {
 	// renewedAt is when the last renewal (or claim) of the record that went through started, on
 	// this node's clock; renewTried when the last one started; renewErr how the last one ended.
 	renewedAt, renewTried time.Time
-	renewing              bool
+	// witnessedAt, on a secondary, is when its last renewal of the record for its primary that
+	// went through started.
+	witnessedAt time.Time
+	renewing    bool
 	renewErr              error
 	lapses                int
 }

@@ -153,6 +153,7 @@ func (p *pair) protect(t *testing.T) {
 	})
 	a.Store(p.a)
 	p.a.agent.SetPeer(context.Background(), agent.Peer{VMI: "b", Node: "node-b", Addr: p.b.ln.Addr().String()})
+	p.b.agent.SetPeer(context.Background(), agent.Peer{VMI: "a", Node: "node-a"}) // as the daemon tells each member
 	waitState(t, p.a, failover.Protected)
 	// Values the engine logs from now on are logged while protected (the one it may be logging
 	// right now is not).

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/channel"
 	"github.com/lockstep-dev/lockstep/internal/engine"
@@ -88,6 +89,7 @@ func (a *Agent) startChannel(ctx context.Context, peer Peer) {
 	a.out = oc
 	a.mu.Unlock()
 	p.OnAck = func(seq uint64) { a.onAck(ctx, oc, seq) }
+	p.OnRenewed = func(began time.Time) { a.renewedBySecondary(oc, began) }
 	a.vm.Resync()
 	go func() {
 		err := p.Run(cctx)

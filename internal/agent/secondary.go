@@ -15,6 +15,12 @@ func (a *Agent) startSecondary(ctx context.Context) {
 	defer a.mu.Unlock()
 	a.sec = channel.NewSecondary(a.cfg.Channel, a.vm.Apply)
 	a.sec.OnSynchronized = a.changed
+	// The renewals of the record this side made for its primary reach the primary (term.go).
+	a.sec.Witness = func() time.Time {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.witnessedAt
+	}
 	// A primary that resigned stopped running the VM: a synchronized secondary claims the pair
 	// at once, as it would after the detection timeout.
 	a.sec.OnResign = func(reason string) {

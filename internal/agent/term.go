@@ -17,10 +17,11 @@ import (
 // so that the operator, which waits out the term on its own clock before it starts the VM
 // elsewhere, never finds it running.
 //
-// A protected primary pauses too, though its outputs wait for its secondary: a secondary cut
-// from the API server as well would go on acknowledging them after the operator restarted the VM
-// elsewhere. (A secondary that renewed for its primary, and stopped itself when it could not,
-// would let a primary cut from the API server alone run on; it does not yet.)
+// A synchronized secondary that hears its primary renews the primary's record too, and tells the
+// primary over the log channel (ftlog.Renewed): a primary cut from the API server but not from
+// its secondary keeps its term and runs on, protected. Cut from both, it pauses like any other:
+// its secondary would otherwise go on acknowledging its outputs after the operator restarted the
+// VM elsewhere.
 
 // renewal is what one renewal renews: the record naming member at epoch.
 type renewal struct {
@@ -47,21 +48,39 @@ func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
 			now.Sub(renewed).Round(time.Millisecond), time.Duration(t)))
 	}
 	if due {
-		if r, ok := a.renewalDue(); ok {
+		if r, ok := a.renewalDue(now); ok {
 			a.renew(ctx, r, now)
 		}
 	}
 }
 
-// renewalDue is the renewal this side makes now, if any: a side that runs the VM renews its own.
-func (a *Agent) renewalDue() (renewal, bool) {
+// renewalDue is the renewal this side makes now, if any: a side that runs the VM renews its own;
+// a synchronized secondary that hears its primary renews the primary's, and tells it so.
+func (a *Agent) renewalDue(now time.Time) (renewal, bool) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	switch a.side.State {
-	case failover.Protected, failover.Alone, failover.Lapsed:
-		return renewal{epoch: a.epoch, member: memberOf(a.cfg.Identity), holder: true}, a.epoch > 0
+	st, epoch, sec, peer := a.side.State, a.epoch, a.sec, a.peer.VMI
+	a.mu.Unlock()
+	switch {
+	case st == failover.Protected || st == failover.Alone || st == failover.Lapsed:
+		return renewal{epoch: epoch, member: memberOf(a.cfg.Identity), holder: true}, epoch > 0
+	case st == failover.Replicating && sec != nil && peer != "":
+		// (sec's methods take its own lock: not called under a.mu.)
+		if !sec.Synchronized() || sec.Silence(now) > a.cfg.Detect || sec.Epoch() == 0 {
+			return renewal{}, false // a silent primary is for the detector, not for a witness
+		}
+		return renewal{epoch: sec.Epoch(), member: peer}, true
 	}
 	return renewal{}, false
+}
+
+// renewedBySecondary takes the secondary's word that it renewed the record for this side, as a
+// renewal of this side's own that began at began (the channel dates it no later than it began).
+func (a *Agent) renewedBySecondary(oc *outChannel, began time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.out == oc && began.After(a.renewedAt) {
+		a.renewedAt = began
+	}
 }
 
 // renew runs one renewal in the background and feeds its answer to the loop.
@@ -86,6 +105,9 @@ func (a *Agent) renewed(ctx context.Context, r renewal, started time.Time, err e
 	st := a.side.State
 	if err == nil && current && started.After(a.renewedAt) {
 		a.renewedAt = started
+	}
+	if err == nil && !r.holder && started.After(a.witnessedAt) {
+		a.witnessedAt = started
 	}
 	a.renewErr = err
 	a.mu.Unlock()

@@ -97,15 +97,40 @@ func TestAnAlonePrimaryCutFromTheRecordPausesAndRunsAgainWhenItRenews(t *testing
 	}
 }
 
-func TestAProtectedPrimaryCutFromTheRecordPausesAndResumesProtected(t *testing.T) {
+// A protected primary cut from the API server, whose secondary is not, runs on: its secondary
+// renews the record for it and tells it so. The operator sees the renewals and waits.
+func TestAProtectedPrimaryCutFromTheRecordRunsOnWhileItsSecondaryRenewsForIt(t *testing.T) {
 	p := newPair(t)
 	p.term = testTerm
 	p.protect(t)
+	p.lease.SetDownFor("a", true)
+	_, before, _ := p.outs.snapshot()
+	time.Sleep(2 * time.Duration(testTerm))
+	st := p.a.agent.Status()
+	if st.State != failover.Protected || st.Lapses != 0 {
+		t.Fatalf("a protected primary cut from the record for two terms, its secondary renewing: %s, %d lapses", st.State, st.Lapses)
+	}
+	_, after, err := p.outs.snapshot()
+	if err != nil {
+		t.Fatal(err) // and every output still left only once the secondary held it
+	}
+	if after["a"] <= before["a"] || p.lease.Renewals("b") == 0 {
+		t.Fatalf("outputs %d to %d, the secondary's renewals %d", before["a"], after["a"], p.lease.Renewals("b"))
+	}
+}
+
+// Cut from the record with its secondary, a protected primary pauses; the cut heals, it resumes.
+func TestAProtectedPrimaryCutFromTheRecordWithItsSecondaryPausesAndResumesProtected(t *testing.T) {
+	p := newPair(t)
+	p.term = testTerm
+	p.protect(t)
+	p.lease.SetDownFor("b", true)
 	p.cutUntilLapsed(t, p.a, "a")
 	if st := p.b.agent.State(); st != failover.Replicating {
 		t.Fatalf("the secondary of a paused primary is %s: its lockstepd still answers", st)
 	}
 	p.lease.SetDownFor("a", false)
+	p.lease.SetDownFor("b", false)
 	waitState(t, p.a, failover.Protected)
 	_, before, _ := p.outs.snapshot()
 	time.Sleep(200 * time.Millisecond)

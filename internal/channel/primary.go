@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
@@ -27,8 +29,18 @@ type Primary struct {
 	OnAck func(seq uint64)
 	// Pacer, when set, slows Append while the secondary trails (paper 1.3).
 	Pacer *ftlog.Pacer
+	// OnRenewed, when set, is called from the connection's reader when the secondary says it
+	// renewed the pair's record for this primary (ftlog.Renewed), with when that renewal began at
+	// the latest, on this side's clock: the frame's own "ago", less the longest a frame can have
+	// waited on the way (the timeout: a connection silent for longer is dropped). It must not
+	// block.
+	OnRenewed func(began time.Time)
 
 	mu        sync.Mutex
+	// version is the protocol version this primary's Hello says: ftlog.Version, until a
+	// secondary closes the connection on it before it answers (one of version 1 refuses a
+	// Hello of another version).
+	version   uint8
 	changed   chan struct{} // closed and replaced on every change of the log
 	log       *ftlog.Log
 	interval  ftlog.Interval
@@ -67,6 +79,7 @@ func NewPrimary(cfg Config, addr string, epoch uint64) *Primary {
 		changed:  make(chan struct{}),
 		resigned: make(chan struct{}),
 		log:      ftlog.NewLog(cfg.Window),
+		version:  ftlog.Version,
 	}
 }
 
@@ -209,13 +222,19 @@ func (p *Primary) session(ctx context.Context) error {
 	defer stop()
 
 	p.mu.Lock()
-	hello := ftlog.Hello{Role: ftlog.RolePrimary, Epoch: p.epoch, Log: p.logID, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
+	hello := ftlog.Hello{Version: p.version, Role: ftlog.RolePrimary, Epoch: p.epoch, Log: p.logID, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
 	p.mu.Unlock()
 	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
 		return err
 	}
 	f, err := c.read(p.cfg.Timeout)
 	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			// Closed on our Hello: perhaps a secondary of version 1, which refuses another.
+			p.mu.Lock()
+			p.version = ftlog.MinVersion
+			p.mu.Unlock()
+		}
 		return err
 	}
 	peer, err := expectHello(f, ftlog.RoleSecondary, p.cfg.Pair)
@@ -338,6 +357,13 @@ func (p *Primary) readLoop(c *conn) error {
 					p.Pacer.Update(p.interval.Value(), now)
 				}
 				p.notify()
+			}
+		} else if f.Type == ftlog.FrameRenewed {
+			if p.OnRenewed != nil {
+				began := now.Add(-f.Renewed.Ago - p.cfg.Timeout)
+				p.mu.Unlock()
+				p.OnRenewed(began) // outside mu: the agent's handler takes its own lock
+				continue
 			}
 		} else if f.Type != ftlog.FrameHeartbeat {
 			p.mu.Unlock()

@@ -25,6 +25,10 @@ type Secondary struct {
 	// OnSynchronized, when set, is called (without blocking) when the secondary becomes
 	// Synchronized: it applied its first entry of a primary of the newest epoch it admitted.
 	OnSynchronized func()
+	// Witness, when set, says when the last renewal of the pair's record for the primary that
+	// went through began (zero: none); each new one is passed on to a primary that speaks
+	// version 2 (ftlog.Renewed). It must not block.
+	Witness func() time.Time
 
 	// applyMu serializes applying entries across connections: a connection being replaced may
 	// still be applying one when its successor asks where to resume.
@@ -168,6 +172,8 @@ func (s *Secondary) serveConn(ctx context.Context, c *conn, peer *ftlog.Hello) e
 		}
 		s.mu.Unlock()
 	}()
+	// The lower of the two versions is spoken.
+	hello.Version = min(ftlog.Version, peer.Version)
 	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
 		return err
 	}
@@ -175,7 +181,7 @@ func (s *Secondary) serveConn(ctx context.Context, c *conn, peer *ftlog.Hello) e
 	errs := make(chan error, 2)
 	acks := make(chan struct{}, 1)
 	go func() { errs <- s.readLoop(c, acks) }()
-	go func() { errs <- s.writeLoop(ctx, c, acks) }()
+	go func() { errs <- s.writeLoop(ctx, c, acks, hello.Version >= 2) }()
 	err = <-errs
 	_ = c.Close()
 	<-errs
@@ -316,9 +322,10 @@ func (s *Secondary) applyAll(c *conn, entries []ftlog.Entry) error {
 }
 
 // writeLoop sends acknowledgements as entries are applied, and heartbeats.
-func (s *Secondary) writeLoop(ctx context.Context, c *conn, acks <-chan struct{}) error {
+func (s *Secondary) writeLoop(ctx context.Context, c *conn, acks <-chan struct{}, renewals bool) error {
 	hb := time.NewTicker(s.cfg.Heartbeat)
 	defer hb.Stop()
+	var told time.Time // the last renewal passed on, on this connection
 	for {
 		select {
 		case <-acks:
@@ -334,6 +341,15 @@ func (s *Secondary) writeLoop(ctx context.Context, c *conn, acks <-chan struct{}
 			s.mu.Unlock()
 			if err := c.write(ftlog.Frame{Type: ftlog.FrameHeartbeat, Heartbeat: &ftlog.Heartbeat{SentUnixNano: time.Now().UnixNano(), Last: last}}); err != nil {
 				return err
+			}
+			if !renewals || s.Witness == nil {
+				continue
+			}
+			if w := s.Witness(); w.After(told) {
+				if err := c.write(ftlog.Frame{Type: ftlog.FrameRenewed, Renewed: &ftlog.Renewed{Ago: time.Since(w)}}); err != nil {
+					return err
+				}
+				told = w
 			}
 		case <-ctx.Done():
 			return ctx.Err()

@@ -14,8 +14,18 @@
 //	Ack        seq u64 | echoUnixNano i64
 //	Heartbeat  sentUnixNano i64 | last u64
 //	Resign     reason (rest, UTF-8)
+//	Renewed    agoNanos u64                                   (version 2)
 //
 // A body is at most MaxFrameBody bytes. Sequence numbers start at 1; 0 means "none yet".
+//
+// Versions: each side's Hello carries the highest version it speaks, and a side accepts any
+// version from MinVersion on; the two speak the lower of the two. A secondary sends Renewed only
+// to a primary whose Hello said 2 or more. A version 1 side refuses a Hello of another version:
+// a primary whose first Hello a secondary closed the connection on says 1 from then on.
+//
+// Renewed is the secondary's word that it renewed the pair's record for its primary (internal/
+// term): a renewal of the record that went through began agoNanos before the frame was sent.
+// With it, a primary cut from the API server but not from its secondary keeps its term.
 //
 // Resign is the primary's last frame when it stops running the VM (its VM died, or it was
 // fenced): the secondary need not wait out the detection timeout before it claims the pair. A
@@ -29,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // FrameType says what a frame carries.
@@ -40,6 +51,7 @@ const (
 	FrameAck       FrameType = 3
 	FrameHeartbeat FrameType = 4
 	FrameResign    FrameType = 5
+	FrameRenewed   FrameType = 6
 )
 
 func (t FrameType) String() string {
@@ -54,12 +66,18 @@ func (t FrameType) String() string {
 		return "Heartbeat"
 	case FrameResign:
 		return "Resign"
+	case FrameRenewed:
+		return "Renewed"
 	}
 	return fmt.Sprintf("FrameType(%d)", uint8(t))
 }
 
-// Version is the protocol version a Hello carries.
-const Version = 1
+// Version is the highest protocol version this side speaks, which its Hello carries; MinVersion
+// the lowest it accepts.
+const (
+	Version    = 2
+	MinVersion = 1
+)
 
 // MaxFrameBody bounds a frame body, so that a corrupt or hostile length cannot make the reader
 // allocate without limit.
@@ -87,7 +105,9 @@ type Entry struct {
 // Hello opens a connection. The secondary's Next is the first entry it has not applied, so that
 // the primary resends from there; the primary's Next is the first entry it still holds.
 type Hello struct {
-	Role  Role
+	// Version is the highest version the sender speaks (0 when encoding: Version).
+	Version uint8
+	Role    Role
 	Epoch uint64
 	// Log identifies the primary's log: a primary that starts a new log (for a new secondary, or
 	// after the secondary lost entries it had acknowledged) begins it with the whole VM state, and
@@ -111,6 +131,12 @@ type Heartbeat struct {
 	Last         uint64
 }
 
+// Renewed says that a renewal of the pair's record for the primary, which went through, began Ago
+// before the frame was sent.
+type Renewed struct {
+	Ago time.Duration
+}
+
 // Resign says the primary stopped running the VM, and why.
 type Resign struct {
 	Reason string
@@ -124,6 +150,7 @@ type Frame struct {
 	Ack       *Ack
 	Heartbeat *Heartbeat
 	Resign    *Resign
+	Renewed   *Renewed
 }
 
 // ErrFrame is wrapped by every decoding error of a malformed frame.
@@ -140,7 +167,11 @@ func AppendFrame(b []byte, f Frame) ([]byte, error) {
 	switch f.Type {
 	case FrameHello:
 		h := f.Hello
-		b = append(b, Version, byte(h.Role))
+		v := h.Version
+		if v == 0 {
+			v = Version
+		}
+		b = append(b, v, byte(h.Role))
 		b = binary.BigEndian.AppendUint64(b, h.Epoch)
 		b = binary.BigEndian.AppendUint64(b, h.Log)
 		b = binary.BigEndian.AppendUint64(b, h.Next)
@@ -167,6 +198,8 @@ func AppendFrame(b []byte, f Frame) ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, f.Heartbeat.Last)
 	case FrameResign:
 		b = append(b, f.Resign.Reason...)
+	case FrameRenewed:
+		b = binary.BigEndian.AppendUint64(b, uint64(max(f.Renewed.Ago, 0)))
 	default:
 		return nil, fmt.Errorf("unknown frame type %d", f.Type)
 	}
@@ -217,9 +250,10 @@ func DecodeBody(t FrameType, body []byte) (Frame, error) {
 		if d.err != nil {
 			return Frame{}, d.err
 		}
-		if v != Version {
-			return Frame{}, frameErr("protocol version %d, want %d", v, Version)
+		if v < MinVersion {
+			return Frame{}, frameErr("protocol version %d, want %d or more", v, MinVersion)
 		}
+		h.Version = v
 		if h.Role != RolePrimary && h.Role != RoleSecondary {
 			return Frame{}, frameErr("unknown role %d", h.Role)
 		}
@@ -256,6 +290,11 @@ func DecodeBody(t FrameType, body []byte) (Frame, error) {
 		f.Heartbeat = &Heartbeat{SentUnixNano: int64(d.u64()), Last: d.u64()}
 	case FrameResign:
 		f.Resign = &Resign{Reason: string(d.rest())}
+	case FrameRenewed:
+		f.Renewed = &Renewed{Ago: time.Duration(d.u64())}
+		if f.Renewed.Ago < 0 {
+			return Frame{}, frameErr("a renewal %d ns ago", int64(f.Renewed.Ago))
+		}
 	default:
 		return Frame{}, frameErr("unknown frame type %d", t)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"reflect"
 	"testing"
+	"time"
 )
 
 func roundTrip(t *testing.T, f Frame) Frame {
@@ -24,7 +25,11 @@ func roundTrip(t *testing.T, f Frame) Frame {
 
 func TestFramesRoundTrip(t *testing.T) {
 	for _, f := range []Frame{
-		{Type: FrameHello, Hello: &Hello{Role: RoleSecondary, Epoch: 7, Log: 0xfeedbeef, Next: 42, Pair: "ns/mail-01"}},
+		{Type: FrameHello, Hello: &Hello{Version: Version, Role: RoleSecondary, Epoch: 7, Log: 0xfeedbeef, Next: 42, Pair: "ns/mail-01"}},
+		{Type: FrameHello, Hello: &Hello{Version: 1, Role: RolePrimary, Epoch: 7, Pair: "ns/mail-01"}}, // a peer of version 1
+		{Type: FrameHello, Hello: &Hello{Version: 9, Role: RolePrimary, Epoch: 7, Pair: "ns/mail-01"}}, // a newer one: the lower version is spoken
+		{Type: FrameRenewed, Renewed: &Renewed{Ago: 1500 * time.Millisecond}},
+		{Type: FrameRenewed, Renewed: &Renewed{}},
 		{Type: FrameEntries, Entries: []Entry{{Seq: 5, SentUnixNano: 1, Data: []byte("a")}, {Seq: 6, SentUnixNano: -2, Data: []byte{}}, {Seq: 7, Data: bytes.Repeat([]byte{9}, 1000)}}},
 		{Type: FrameAck, Ack: &Ack{Seq: 1 << 40, EchoUnixNano: 123}},
 		{Type: FrameHeartbeat, Heartbeat: &Heartbeat{SentUnixNano: 99, Last: 3}},
@@ -48,15 +53,16 @@ func TestFramesRoundTrip(t *testing.T) {
 func TestReadFrameRejectsMalformedInput(t *testing.T) {
 	good, _ := AppendFrame(nil, Frame{Type: FrameEntries, Entries: []Entry{{Seq: 1, Data: []byte("xyz")}}})
 	for name, in := range map[string][]byte{
-		"unknown type":        {99, 0, 0, 0, 0},
-		"huge length":         {byte(FrameAck), 0xff, 0xff, 0xff, 0xff},
-		"truncated ack":       {byte(FrameAck), 0, 0, 0, 3, 1, 2, 3},
-		"trailing bytes":      append([]byte{byte(FrameHeartbeat), 0, 0, 0, 17}, make([]byte, 17)...),
-		"lying entry count":   {byte(FrameEntries), 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff},
-		"sequence zero":       append([]byte{byte(FrameEntries), 0, 0, 0, 24}, append(make([]byte, 8), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)...),
-		"entry data too long": append(append([]byte{}, good[:len(good)-3]...), 0xff),
-		"bad version":         append([]byte{byte(FrameHello), 0, 0, 0, 18, 9, 1}, make([]byte, 16)...),
-		"bad role":            append([]byte{byte(FrameHello), 0, 0, 0, 18, Version, 7}, make([]byte, 16)...),
+		"unknown type":          {99, 0, 0, 0, 0},
+		"huge length":           {byte(FrameAck), 0xff, 0xff, 0xff, 0xff},
+		"truncated ack":         {byte(FrameAck), 0, 0, 0, 3, 1, 2, 3},
+		"trailing bytes":        append([]byte{byte(FrameHeartbeat), 0, 0, 0, 17}, make([]byte, 17)...),
+		"lying entry count":     {byte(FrameEntries), 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff},
+		"sequence zero":         append([]byte{byte(FrameEntries), 0, 0, 0, 24}, append(make([]byte, 8), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)...),
+		"entry data too long":   append(append([]byte{}, good[:len(good)-3]...), 0xff),
+		"bad version":           append([]byte{byte(FrameHello), 0, 0, 0, 18, 0, 1}, make([]byte, 16)...),
+		"renewed in the future": {byte(FrameRenewed), 0, 0, 0, 8, 0xff, 0, 0, 0, 0, 0, 0, 0},
+		"bad role":              append([]byte{byte(FrameHello), 0, 0, 0, 18, Version, 7}, make([]byte, 16)...),
 	} {
 		_, err := ReadFrame(bufio.NewReader(bytes.NewReader(in)))
 		if !errors.Is(err, ErrFrame) && !errors.Is(err, io.ErrUnexpectedEOF) {
