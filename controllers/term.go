@@ -64,7 +64,9 @@ func (c *renewalClock) forget(ftvm types.NamespacedName) {
 // termWait is what the operator waits for before it may take the record from its holder.
 type termWait struct {
 	holder, node, why string
-	left, term        time.Duration
+	// by is who wrote the last renewal: the holder, or its secondary renewing for it.
+	by         string
+	left, term time.Duration
 }
 
 // termLeft says how long the operator must still wait before plan, decided on rec, may take the
@@ -79,7 +81,7 @@ func (r *FaultTolerantVMReconciler) termLeft(s *scope, rec *record, plan roles.P
 	if plan.Record.Holder == rec.Holder && plan.Record.Epoch == rec.Epoch {
 		return nil
 	}
-	w := &termWait{holder: rec.Holder, node: rec.holderNode, why: "its VMI is being deleted"}
+	w := &termWait{holder: rec.Holder, node: rec.holderNode, why: "its VMI is being deleted", by: rec.lease.Annotations[ftv1.AnnotationRenewedBy]}
 	if h := s.member(rec.Holder); h != nil {
 		switch h.verdict.Reason {
 		case health.ReasonFenced, health.ReasonVMIEnded, health.ReasonSecondaryWentLive:
@@ -111,7 +113,11 @@ func (s *scope) waitForTerm(w *termWait) {
 
 // message is the Protected condition's message while the operator waits.
 func (w *termWait) message() string {
-	return fmt.Sprintf("primary %s on node %s cannot be seen (%s), but the pair's record was renewed less than its term (%s) ago: "+
-		"it may still run, and pauses its VM once it cannot renew; the VM starts elsewhere, or its secondary is promoted, in %s unless it renews",
-		w.holder, w.node, w.why, w.term, w.left.Round(time.Second))
+	by := ""
+	if w.by != "" {
+		by = " by " + w.by
+	}
+	return fmt.Sprintf("primary %s on node %s cannot be seen (%s), but the pair's record was renewed%s less than its term (%s) ago: "+
+		"it may still run, and pauses its VM once the record is not renewed; the VM starts elsewhere, or its secondary is promoted, in %s unless it is renewed again",
+		w.holder, w.node, w.why, by, w.term, w.left.Round(time.Second))
 }
