@@ -140,7 +140,11 @@ stamp "$(now_ms)" "operator promoted $secondary_vmi on lockstepd's report (failo
 
 new_secondary() { [ -n "$(field .status.secondary.node)" ] && [ "$(field .status.secondary.vmi)" != "$secondary_vmi" ]; }
 wait_for "a new secondary" new_secondary
-stamp "$(now_ms)" "new secondary $(field .status.secondary.vmi) placed on $(field .status.secondary.node)"
+new_node="$(field .status.secondary.node)"
+stamp "$(now_ms)" "new secondary $(field .status.secondary.vmi) placed on $new_node"
+# The killed node still reads Ready to the API server; it lost the primary, so it is suspect
+# until it proves healthy (docs/operator.md, "Suspect nodes").
+[ "$new_node" != "$primary_node" ] || fail "the new secondary was placed on $primary_node, whose host was just killed"
 
 wait_for "$FTVM being Protected again" protected
 stamp "$(now_ms)" "Protected again: lockstepd resynchronized the disk and the memory into the new secondary"
