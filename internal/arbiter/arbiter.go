@@ -84,8 +84,19 @@ func (a *Arbiter) holderOf(l *coordinationv1.Lease) Holder {
 	if l.Spec.LeaseTransitions != nil {
 		h.Epoch = uint64(*l.Spec.LeaseTransitions)
 	}
-	h.Self = h.Identity != "" && ftv1.VMIOfIdentity(h.Identity) == ftv1.VMIOfIdentity(a.Identity)
+	h.Self = names(h.Identity, a.Identity)
 	return h
+}
+
+// names says whether the record's holder identity names the side self ("<node>/<vmi>"): the same
+// member, on the same node when the holder names one (the operator may name a member before its
+// node is known). A holder that names this member on another node does not name this side: only
+// lockstepd on a member's node writes that member into the record, and another node's that
+// wrote it so would otherwise make this side take a record it never won.
+func names(holder, self string) bool {
+	hn, hv := ftv1.SplitIdentity(holder)
+	sn, sv := ftv1.SplitIdentity(self)
+	return holder != "" && hv == sv && (hn == "" || hn == sn)
 }
 
 // Claim makes this side the live one, if the Lease is still at epoch known: it returns the new

@@ -323,3 +323,20 @@ func TestAClaimUnderASlowAPIServerIsDecidedWithinItsAttempt(t *testing.T) {
 		t.Fatalf("a claim within its attempt: %d %v, want epoch 2", e, err)
 	}
 }
+
+func TestAHolderNamesThisSideOnlyOnItsNode(t *testing.T) {
+	for _, c := range []struct {
+		holder, self string
+		want         bool
+	}{
+		{"node-1/db-1", "node-1/db-1", true},
+		{"/db-1", "node-1/db-1", true},        // named before its node was known
+		{"node-2/db-1", "node-1/db-1", false}, // another node wrote this member into the record
+		{"node-1/db-2", "node-1/db-1", false},
+		{"", "node-1/db-1", false},
+	} {
+		if got := names(c.holder, c.self); got != c.want {
+			t.Errorf("holder %q names %q: %v, want %v", c.holder, c.self, got, c.want)
+		}
+	}
+}
