@@ -219,7 +219,7 @@ func (r *FaultTolerantVMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&ftv1.FaultTolerantVM{}).
 		Owns(&virtv1.VirtualMachineInstance{}).
-		Owns(&coordinationv1.Lease{}).
+		Owns(&coordinationv1.Lease{}, builderPredicatesRecordChanged()).
 		// Its operations: a new one, or one deleted (status writes are the reconcile's own).
 		Watches(&ftv1.FaultTolerantVMOperation{}, operationHandler(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&virtv1.VirtualMachineInstance{}, r.capacityFreedHandler(), builderPredicatesMemberGone()).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -145,4 +146,37 @@ func operationHandler() handler.EventHandler {
 		op := o.(*ftv1.FaultTolerantVMOperation)
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: op.Namespace, Name: op.Spec.FaultTolerantVMName}}}
 	})
+}
+
+// builderPredicatesRecordChanged wakes the reconcile for a change of the pair's record that means
+// something to it (a claim, a new holder or epoch, the operator's annotations), not for a
+// renewal of its term: the side that runs the VM renews it every few seconds, and the operator
+// dates a renewal when it next reads the record (term.go), which only makes it look younger.
+func builderPredicatesRecordChanged() builder.Predicates {
+	return builder.WithPredicates(predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
+			return !onlyRenewed(o, n)
+		},
+	})
+}
+
+// onlyRenewed says whether n differs from o only by a renewal: its renew time, its term and who
+// renewed it.
+func onlyRenewed(o, n *coordinationv1.Lease) bool {
+	strip := func(l *coordinationv1.Lease) (coordinationv1.LeaseSpec, map[string]string, map[string]string) {
+		spec := *l.Spec.DeepCopy()
+		spec.RenewTime, spec.LeaseDurationSeconds = nil, nil
+		ann := map[string]string{}
+		for k, v := range l.Annotations {
+			if k != ftv1.AnnotationRenewedBy {
+				ann[k] = v
+			}
+		}
+		return spec, ann, l.Labels
+	}
+	oSpec, oAnn, oLab := strip(o)
+	nSpec, nAnn, nLab := strip(n)
+	return reflect.DeepEqual(oSpec, nSpec) && reflect.DeepEqual(oAnn, nAnn) && reflect.DeepEqual(oLab, nLab) &&
+		reflect.DeepEqual(o.OwnerReferences, n.OwnerReferences) && o.DeletionTimestamp.Equal(n.DeletionTimestamp)
 }

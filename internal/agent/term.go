@@ -38,7 +38,13 @@ func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
 	}
 	a.mu.Lock()
 	st, renewed := a.side.State, a.renewedAt
-	due := !a.renewing && now.Sub(a.renewTried) >= t.RenewEvery()
+	// A secondary renews for its primary less often: it matters only while the primary cannot,
+	// and each renewal is a write to the API server (two a pair, every few seconds).
+	every := t.RenewEvery()
+	if st == failover.Replicating {
+		every = t.WitnessEvery()
+	}
+	due := !a.renewing && now.Sub(a.renewTried) >= every
 	a.mu.Unlock()
 	if (st == failover.Protected || st == failover.Alone) && t.Lapsed(renewed, now) {
 		a.mu.Lock()

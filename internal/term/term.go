@@ -51,6 +51,10 @@ func (t Term) Seconds() int32 { return int32(time.Duration(t) / time.Second) }
 // RenewEvery is how often the holder renews.
 func (t Term) RenewEvery() time.Duration { return time.Duration(t) / 5 }
 
+// WitnessEvery is how often a secondary renews for its primary: its renewal, the channel's delay
+// and the primary's own last renewal still leave the primary well inside its margin.
+func (t Term) WitnessEvery() time.Duration { return time.Duration(t) / 3 }
+
 // HolderMargin is how long before the term ends the holder has paused.
 func (t Term) HolderMargin() time.Duration { return time.Duration(t) / 6 }
 

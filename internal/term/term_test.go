@@ -15,6 +15,7 @@ func TestTheTermsNumbers(t *testing.T) {
 	}{
 		{"renew every", tm.RenewEvery(), 6 * time.Second},
 		{"holder margin", tm.HolderMargin(), 5 * time.Second},
+		{"a witness renews every", tm.WitnessEvery(), 10 * time.Second},
 		{"operator's wait", tm.Wait(), 30*time.Second + 600*time.Millisecond + 2*time.Second},
 	} {
 		if c.got != c.want {

@@ -94,6 +94,28 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 		t.Errorf("a record naming a member of its node: %v", err)
 	}
 	denied("a record naming another node's member", "only a member of its own node", lsd.Create(ctx, lease(other+"/vm-on-b")))
+	// A record naming the other node's member (its primary): this node's lockstepd, the
+	// secondary's, renews it as itself, and may not move its holder or epoch.
+	theirs := lease(other + "/vm-on-b")
+	theirs.Spec.LeaseTransitions = new(int32(2))
+	if err := k8s.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	renew := func(by string, epoch int32, holder string) error {
+		l := &coordinationv1.Lease{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(theirs), l); err != nil {
+			return err
+		}
+		l.Spec.RenewTime, l.Spec.LeaseTransitions, l.Spec.HolderIdentity = &metav1.MicroTime{Time: time.Now()}, &epoch, &holder
+		l.Annotations = map[string]string{ftv1.AnnotationRenewedBy: by}
+		return lsd.Update(ctx, l)
+	}
+	if err := renew(own+"/vm-on-a", 2, other+"/vm-on-b"); err != nil {
+		t.Errorf("renewing its primary's record as itself: %v", err)
+	}
+	denied("renewing another node's record in another's name", "only a member of its own node", renew(other+"/vm-on-b", 2, other+"/vm-on-b"))
+	denied("moving another node's record to another epoch", "only a member of its own node", renew(own+"/vm-on-a", 3, other+"/vm-on-b"))
+	denied("changing the holder of another node's record", "only a member of its own node", renew(own+"/vm-on-a", 2, other+"/vm-x"))
 	// Its node lease (lockstepd-<node>), which says that lockstepd runs on the node: its own only.
 	nodeLease := func(node string) *coordinationv1.Lease {
 		holder := ftv1.SideIdentity(own, ftv1.NodeLeaseHolderSuffix) // a holder the record rule lets through
