@@ -220,6 +220,7 @@ func (r *FaultTolerantVMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&ftv1.FaultTolerantVM{}).
 		Owns(&virtv1.VirtualMachineInstance{}).
 		Owns(&coordinationv1.Lease{}, builderPredicatesRecordChanged()).
+		Watches(&coordinationv1.Lease{}, r.renewalObserver()).
 		// Its operations: a new one, or one deleted (status writes are the reconcile's own).
 		Watches(&ftv1.FaultTolerantVMOperation{}, operationHandler(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&virtv1.VirtualMachineInstance{}, r.capacityFreedHandler(), builderPredicatesMemberGone()).

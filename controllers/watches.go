@@ -7,6 +7,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -150,8 +151,8 @@ func operationHandler() handler.EventHandler {
 
 // builderPredicatesRecordChanged wakes the reconcile for a change of the pair's record that means
 // something to it (a claim, a new holder or epoch, the operator's annotations), not for a
-// renewal of its term: the side that runs the VM renews it every few seconds, and the operator
-// dates a renewal when it next reads the record (term.go), which only makes it look younger.
+// renewal of its term: the side that runs the VM renews it every few seconds. renewalObserver
+// dates each renewal as the watch delivers it, without a reconcile.
 func builderPredicatesRecordChanged() builder.Predicates {
 	return builder.WithPredicates(predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -179,4 +180,23 @@ func onlyRenewed(o, n *coordinationv1.Lease) bool {
 	nSpec, nAnn, nLab := strip(n)
 	return reflect.DeepEqual(oSpec, nSpec) && reflect.DeepEqual(oAnn, nAnn) && reflect.DeepEqual(oLab, nLab) &&
 		reflect.DeepEqual(o.OwnerReferences, n.OwnerReferences) && o.DeletionTimestamp.Equal(n.DeletionTimestamp)
+}
+
+// renewalObserver notes when each renewal of a pair's record arrives (term.go), and wakes no
+// reconcile: the operator then dates a renewal when it happened, give or take the watch's delay,
+// rather than at its next reconcile (which would make it look younger, and delay a restart).
+func (r *FaultTolerantVMReconciler) renewalObserver() handler.EventHandler {
+	observe := func(o client.Object) {
+		if l, ok := o.(*coordinationv1.Lease); ok && l.Labels[ftv1.LabelPair] != "" {
+			r.renewals.observe(l, r.Clock.Now())
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			observe(e.Object)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			observe(e.ObjectNew)
+		},
+	}
 }
