@@ -121,8 +121,8 @@ type Agent struct {
 	// went through started.
 	witnessedAt time.Time
 	renewing    bool
-	renewErr              error
-	lapses                int
+	renewErr    error
+	lapses      int
 }
 
 // New makes the agent of one member.

@@ -36,7 +36,7 @@ type Primary struct {
 	// block.
 	OnRenewed func(began time.Time)
 
-	mu        sync.Mutex
+	mu sync.Mutex
 	// version is the protocol version this primary's Hello says: ftlog.Version, until a
 	// secondary closes the connection on it before it answers (one of version 1 refuses a
 	// Hello of another version).

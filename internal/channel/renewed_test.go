@@ -95,7 +95,7 @@ func TestAPrimaryFallsBackToASecondaryOfVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	var versions []uint8
 	var mu sync.Mutex
 	served := make(chan struct{})

@@ -108,7 +108,7 @@ type Hello struct {
 	// Version is the highest version the sender speaks (0 when encoding: Version).
 	Version uint8
 	Role    Role
-	Epoch uint64
+	Epoch   uint64
 	// Log identifies the primary's log: a primary that starts a new log (for a new secondary, or
 	// after the secondary lost entries it had acknowledged) begins it with the whole VM state, and
 	// a secondary that sees a new Log starts its replica over from entry 1.
