@@ -426,11 +426,15 @@ var _ = Describe("FaultTolerantVM", func() {
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: time.Now()}}}
 			Expect(k8s.Create(ctx(), kubeletLease)).To(Succeed())
 			DeferCleanup(func() { _ = k8s.Delete(ctx(), kubeletLease) })
-			// The primary's host dies: its secondary's lockstepd won the pair's Lease. The node
-			// still reads Ready: nobody has told the API server yet.
-			patch := fmt.Sprintf(`{"status":{"replication":{"primary":{"vmi":%q,"node":%q,"state":"Alone","epoch":3,"reportTime":%q}}}}`,
-				oldSecondary.VMI, oldSecondary.Node, time.Now().UTC().Format(time.RFC3339))
-			Expect(k8s.Status().Patch(ctx(), getFTVM(ns, "vm"), client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
+			// The primary's host dies: its secondary's lockstepd claims the pair's Lease, before it
+			// reports anything in the status (as in make demo). The node still reads Ready: nobody
+			// has told the API server yet.
+			key := types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}
+			rec := &coordinationv1.Lease{}
+			Expect(k8s.Get(ctx(), key, rec)).To(Succeed())
+			claimer := &arbiter.Arbiter{Client: k8s, Lease: key, Identity: oldSecondary.Node + "/" + oldSecondary.VMI}
+			_, err := claimer.Claim(ctx(), uint64(*rec.Spec.LeaseTransitions))
+			Expect(err).NotTo(HaveOccurred())
 			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
 			record := &coordinationv1.Lease{}
 			Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, record)).To(Succeed())

@@ -154,23 +154,33 @@ func (r *FaultTolerantVMReconciler) judgeSuspects(ctx context.Context, s *scope)
 }
 
 // suspectNodesOf marks, before the plan is carried out, the nodes of the members it lets go: every
-// fenced member's and every lost secondary's for this reconcile, as before; those of members lost
-// (not a healthy primary that a test failover superseded) also in the record, in memory, for the
-// record's next write. It says whether it added any to the record.
+// fenced member's and every lost secondary's for this reconcile, and (see leaving.kept) most of
+// them also in the record, in memory, for the record's next write. It says whether it added any
+// to the record.
 func (r *FaultTolerantVMReconciler) suspectNodesOf(ctx context.Context, s *scope, plan roles.Plan) (bool, error) {
-	var going []*memberView
+	type leaving struct {
+		mv *memberView
+		// kept: its node is recorded as suspect. A member lost is; so is a primary the record
+		// left (lockstepd's secondary claimed it: it stopped hearing the primary, which the API
+		// server may not know yet), but not one that an operation (a test failover) moved off a
+		// healthy node, nor a duplicate primary.
+		kept bool
+	}
+	var going []leaving
 	for _, f := range plan.Fence {
-		going = append(going, s.member(f.Name))
+		mv := s.member(f.Name)
+		going = append(going, leaving{mv, mv.verdict.State == health.Lost || !f.Duplicate && s.operation == nil})
 	}
 	for _, d := range plan.Drop {
 		if mv := s.member(d.Name); mv.verdict.State == health.Lost {
-			going = append(going, mv)
+			going = append(going, leaving{mv, true})
 		}
 	}
 	added := false
-	for _, mv := range going {
+	for _, g := range going {
+		mv := g.mv
 		s.suspect = append(s.suspect, mv.node)
-		if _, ok := s.record.suspects[mv.node]; ok || mv.node == "" || mv.verdict.State != health.Lost {
+		if _, ok := s.record.suspects[mv.node]; ok || mv.node == "" || !g.kept {
 			continue
 		}
 		sg, err := r.signsOf(ctx, mv.node)
