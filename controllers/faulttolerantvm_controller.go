@@ -72,8 +72,6 @@ type FaultTolerantVMReconciler struct {
 	announced announcements
 	// protectedOnce holds the FaultTolerantVMs this process saw Protected (re-protection metrics).
 	protectedOnce sync.Map
-	// renewals notes when each pair's record renewal was first seen (term.go).
-	renewals renewalClock
 }
 
 // +kubebuilder:rbac:groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=get;list;watch;update;patch
@@ -94,7 +92,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			metrics.Forget(req.Namespace, req.Name)
 			r.announced.forget(req.NamespacedName)
 			r.protectedOnce.Delete(req.NamespacedName)
-			r.renewals.forget(req.NamespacedName)
+			r.Sightings.Forget(recordSighting(req.Namespace, ftv1.RecordName(req.Name)))
 			return ctrl.Result{}, r.orphanedOperations(ctx, req.NamespacedName)
 		}
 		return ctrl.Result{}, err

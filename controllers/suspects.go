@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
@@ -83,7 +83,7 @@ func (r *FaultTolerantVMReconciler) signsOf(ctx context.Context, node string) (n
 	err := r.Get(ctx, types.NamespacedName{Namespace: r.Config.LockstepdNamespace, Name: ftv1.NodeLeaseName(node)}, lease)
 	switch {
 	case err == nil:
-		sg.lockstepd, sg.hasLockstepd = leaseSign(lease), true
+		sg.lockstepd, sg.hasLockstepd = health.LeaseRenewal(lease), true
 	case !apierrors.IsNotFound(err):
 		return sg, err
 	}
@@ -91,27 +91,17 @@ func (r *FaultTolerantVMReconciler) signsOf(ctx context.Context, node string) (n
 	err = r.APIReader.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: node}, lease)
 	switch {
 	case err == nil:
-		sg.kubelet = leaseSign(lease)
+		sg.kubelet = health.LeaseRenewal(lease)
 	case !apierrors.IsNotFound(err):
 		return sg, err
 	}
 	return sg, nil
 }
 
-func leaseSign(l *coordinationv1.Lease) string {
-	renewed := ""
-	if l.Spec.RenewTime != nil {
-		renewed = l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
-	}
-	return ptr.Deref(l.Spec.HolderIdentity, "") + "@" + renewed
-}
-
 // holderOf is the holder part of a lease sign.
 func holderOf(sign string) string {
-	for i := len(sign) - 1; i >= 0; i-- {
-		if sign[i] == '@' {
-			return sign[:i]
-		}
+	if i := strings.LastIndex(sign, "@"); i >= 0 {
+		return sign[:i]
 	}
 	return sign
 }

@@ -2,11 +2,9 @@ package controllers
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -21,45 +19,21 @@ import (
 // cannot see only once the term (with its margins) has passed on its own clock since then. A
 // restarted operator has seen nothing yet, and waits a whole term: that only delays.
 
-// renewalClock notes when this operator first saw each pair's current renewal.
-type renewalClock struct {
-	mu   sync.Mutex
-	seen map[types.NamespacedName]renewalSeen
-}
-
-type renewalSeen struct {
-	key string
-	at  time.Time
-}
-
-// observe returns when the operator first saw the renewal lease carries (now, if it is new).
-func (c *renewalClock) observe(lease *coordinationv1.Lease, now time.Time) time.Time {
+// recordRenewalSeen is when the operator first saw the renewal lease carries (now, if it is new):
+// one of the Sightings, keyed by the record, its value the renewal's own fields as their writer
+// wrote them (compared for equality, never as times).
+func recordRenewalSeen(sightings *Sightings, lease *coordinationv1.Lease, now time.Time) time.Time {
 	renewed := ""
 	if lease.Spec.RenewTime != nil {
 		renewed = lease.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
 	}
-	// The renewal's own fields, as its writer wrote them: compared for equality, never as times.
-	key := fmt.Sprintf("%s|%s|%d|%s|%s", lease.UID, ptr.Deref(lease.Spec.HolderIdentity, ""),
+	value := fmt.Sprintf("%s|%s|%d|%s|%s", lease.UID, ptr.Deref(lease.Spec.HolderIdentity, ""),
 		ptr.Deref(lease.Spec.LeaseTransitions, 0), renewed, lease.Annotations[ftv1.AnnotationRenewedBy])
-	pair := types.NamespacedName{Namespace: lease.Namespace, Name: lease.Name}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.seen == nil {
-		c.seen = map[types.NamespacedName]renewalSeen{}
-	}
-	if s, ok := c.seen[pair]; ok && s.key == key {
-		return s.at
-	}
-	c.seen[pair] = renewalSeen{key: key, at: now}
-	return now
+	return sightings.Seen(recordSighting(lease.Namespace, lease.Name), value, now)
 }
 
-// forget drops the record of a FaultTolerantVM that is gone.
-func (c *renewalClock) forget(ftvm types.NamespacedName) {
-	c.mu.Lock()
-	delete(c.seen, types.NamespacedName{Namespace: ftvm.Namespace, Name: ftv1.RecordName(ftvm.Name)})
-	c.mu.Unlock()
-}
+// recordSighting is the Sightings key of a pair's record.
+func recordSighting(namespace, lease string) string { return "record/" + namespace + "/" + lease }
 
 // termWait is what the operator waits for before it may take the record from its holder.
 type termWait struct {
@@ -90,7 +64,7 @@ func (r *FaultTolerantVMReconciler) termLeft(s *scope, rec *record, plan roles.P
 		w.node, w.why = h.node, h.verdict.Message
 	}
 	t := term.Of(rec.lease.Spec.LeaseDurationSeconds)
-	seen := r.renewals.observe(rec.lease, r.Clock.Now())
+	seen := recordRenewalSeen(r.Sightings, rec.lease, r.Clock.Now())
 	w.left, w.term = t.ExpiresIn(seen, r.Clock.Now()), time.Duration(t)
 	if w.left == 0 {
 		return nil

@@ -188,7 +188,7 @@ func onlyRenewed(o, n *coordinationv1.Lease) bool {
 func (r *FaultTolerantVMReconciler) renewalObserver() handler.EventHandler {
 	observe := func(o client.Object) {
 		if l, ok := o.(*coordinationv1.Lease); ok && l.Labels[ftv1.LabelPair] != "" {
-			r.renewals.observe(l, r.Clock.Now())
+			recordRenewalSeen(r.Sightings, l, r.Clock.Now())
 		}
 	}
 	return handler.Funcs{
