@@ -27,6 +27,12 @@
 #   hack/local-cluster.sh revive-node NAME  simulate it again: the host came back (empty)
 #   hack/local-cluster.sh silence-node NAME the node loses only its heartbeat: kwok stops, the host
 #                                           runs on (revive-node ends it)
+#   hack/local-cluster.sh cut-api NAME | heal-api NAME
+#                                           FULL_STACK: cut (restore) the host's path to the control
+#                                           plane, as a network would: its heartbeat stops, lockstepd
+#                                           loses the API server, its kubelet sees nothing (what is
+#                                           deleted meanwhile runs on until healed); the VM and
+#                                           logging networks stay up
 #   hack/local-cluster.sh partition-node NAME | heal-node NAME
 #                                           FULL_STACK: cut (restore) the node's logging link
 #   hack/local-cluster.sh netns client|NODE print a namespace's name (FULL_STACK)
@@ -469,6 +475,8 @@ case "${1:-}" in
   kill-node) shift; kill_nodes "$@" ;;
   revive-node) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
   silence-node) set_lease_holder "$2" lockstep-silenced-node ;;
+  cut-api) set_lease_holder "$2" lockstep-cut-node ;;
+  heal-api) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
   partition-node) logging_link "$2" down ;;
   heal-node) logging_link "$2" up ;;
   netns) echo "${NAME}_$2" ;;

@@ -41,17 +41,26 @@ func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
 	// A secondary renews for its primary less often: it matters only while the primary cannot,
 	// and each renewal is a write to the API server (two a pair, every few seconds).
 	every := t.RenewEvery()
-	if st == failover.Replicating {
+	switch st {
+	case failover.Replicating:
 		every = t.WitnessEvery()
+	case failover.Lapsed:
+		// Paused, it has a sixth of the term to find the API server back before its VM is
+		// stopped: it tries several times in it.
+		every = t.HolderMargin() / 5
 	}
 	due := !a.renewing && now.Sub(a.renewTried) >= every
 	a.mu.Unlock()
-	if (st == failover.Protected || st == failover.Alone) && t.Lapsed(renewed, now) {
+	switch {
+	case (st == failover.Protected || st == failover.Alone) && t.Lapsed(renewed, now):
 		a.mu.Lock()
 		a.lapses++
 		a.mu.Unlock()
 		a.on(ctx, failover.TermLapsed, fmt.Sprintf("could not renew the pair's record for %s (term %s): the VM is paused until a renewal goes through",
 			now.Sub(renewed).Round(time.Millisecond), time.Duration(t)))
+	case st == failover.Lapsed && t.Ended(renewed, now):
+		a.on(ctx, failover.TermEnded, fmt.Sprintf("could not renew the pair's record for its whole term (%s): the VM is stopped, and starts elsewhere",
+			time.Duration(t)))
 	}
 	if due {
 		if r, ok := a.renewalDue(now); ok {

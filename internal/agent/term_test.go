@@ -14,7 +14,8 @@ import (
 // The record's term (term.go): a side cut from the record pauses its VM before its term ends,
 // runs again when a renewal goes through, and is fenced when the record moved on meanwhile.
 
-const testTerm = term.Term(3 * time.Second) // renews every 600ms, pauses 2.5s after the last renewal
+// Renews every 1.2s, pauses 5s after the last renewal (then tries every 200ms), stops at 6s.
+const testTerm = term.Term(6 * time.Second)
 
 // cutUntilLapsed cuts side name from the record, waits until it lapsed, and checks that it
 // paused its VM after the holder's margin began and before the term ended, counting from the
@@ -140,6 +141,24 @@ func TestAProtectedPrimaryCutFromTheRecordWithItsSecondaryPausesAndResumesProtec
 	}
 	if after["a"] <= before["a"] {
 		t.Fatalf("no output after the protected primary renewed: %d", after["a"])
+	}
+}
+
+// Paused for the rest of its term without a renewal, a side stops its VM, which would otherwise
+// keep the VM's disks from the copy the operator starts elsewhere; not before the term ended.
+func TestALapsedSideWhoseWholeTermPassesIsStopped(t *testing.T) {
+	p := newPair(t)
+	p.term = testTerm
+	a := p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, a, failover.Alone)
+	p.cutUntilLapsed(t, a, "a")
+	waitState(t, a, failover.Fenced)
+	st := a.agent.Status()
+	if end := st.RenewedAt.Add(time.Duration(testTerm)); st.Since.Before(end) {
+		t.Fatalf("stopped %s after its last renewal, before its term (%s) ended", st.Since.Sub(st.RenewedAt), time.Duration(testTerm))
+	}
+	if !strings.Contains(st.Message, "whole term") {
+		t.Fatalf("fenced with %q, want it to say its term ended", st.Message)
 	}
 }
 

@@ -91,6 +91,35 @@ func ClientTLS(c *tls.Config) *tls.Config {
 	return c
 }
 
+// logALPN is the TLS application protocol by which the log channel's two ends learn, before the
+// first Hello, that both speak ftlog.Version. A secondary of version 1 names none, and a Hello of
+// any other version than its own ends its connection: that close would say nothing certain (a
+// secondary also closes a connection for a pair it does not serve, or while it restarts), so a
+// primary never guesses from it.
+const logALPN = "lockstep-ftlog/2"
+
+// logServerTLS and logClientTLS are ServerTLS and ClientTLS for the log channel.
+func logServerTLS(c *tls.Config) *tls.Config {
+	c = ServerTLS(c)
+	c.NextProtos = []string{logALPN}
+	return c
+}
+
+func logClientTLS(c *tls.Config) *tls.Config {
+	c = ClientTLS(c)
+	c.NextProtos = []string{logALPN}
+	return c
+}
+
+// helloVersion is the version a primary's Hello says on c: ftlog.Version when the secondary's
+// end named logALPN, else ftlog.MinVersion.
+func helloVersion(c *conn) uint8 {
+	if tc, ok := c.Conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == logALPN {
+		return ftlog.Version
+	}
+	return ftlog.MinVersion
+}
+
 // conn is one established connection with its buffered reader and writer.
 type conn struct {
 	net.Conn

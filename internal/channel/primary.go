@@ -5,11 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
@@ -36,11 +34,7 @@ type Primary struct {
 	// block.
 	OnRenewed func(began time.Time)
 
-	mu sync.Mutex
-	// version is the protocol version this primary's Hello says: ftlog.Version, until a
-	// secondary closes the connection on it before it answers (one of version 1 refuses a
-	// Hello of another version).
-	version   uint8
+	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every change of the log
 	log       *ftlog.Log
 	interval  ftlog.Interval
@@ -79,7 +73,6 @@ func NewPrimary(cfg Config, addr string, epoch uint64) *Primary {
 		changed:  make(chan struct{}),
 		resigned: make(chan struct{}),
 		log:      ftlog.NewLog(cfg.Window),
-		version:  ftlog.Version,
 	}
 }
 
@@ -215,26 +208,20 @@ func (p *Primary) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, stop, err := handshake(ctx, tls.Client(raw, ClientTLS(nodecert.Expect(p.cfg.TLS, p.cfg.PeerNode))), p.cfg.Timeout)
+	c, stop, err := handshake(ctx, tls.Client(raw, logClientTLS(nodecert.Expect(p.cfg.TLS, p.cfg.PeerNode))), p.cfg.Timeout)
 	if err != nil {
 		return err
 	}
 	defer stop()
 
 	p.mu.Lock()
-	hello := ftlog.Hello{Version: p.version, Role: ftlog.RolePrimary, Epoch: p.epoch, Log: p.logID, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
+	hello := ftlog.Hello{Version: helloVersion(c), Role: ftlog.RolePrimary, Epoch: p.epoch, Log: p.logID, Next: p.log.Acked() + 1, Pair: p.cfg.Pair}
 	p.mu.Unlock()
 	if err := c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &hello}); err != nil {
 		return err
 	}
 	f, err := c.read(p.cfg.Timeout)
 	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
-			// Closed on our Hello: perhaps a secondary of version 1, which refuses another.
-			p.mu.Lock()
-			p.version = ftlog.MinVersion
-			p.mu.Unlock()
-		}
 		return err
 	}
 	peer, err := expectHello(f, ftlog.RoleSecondary, p.cfg.Pair)

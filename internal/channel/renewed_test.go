@@ -2,6 +2,7 @@ package channel
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -83,9 +84,10 @@ func TestTheSecondaryPassesOnItsRenewals(t *testing.T) {
 	}
 }
 
-// TestAPrimaryFallsBackToASecondaryOfVersion1: a secondary of version 1 closes the connection
-// on a Hello of version 2; the primary says version 1 from then on, and connects.
-func TestAPrimaryFallsBackToASecondaryOfVersion1(t *testing.T) {
+// TestAPrimarySpeaksVersion1ToASecondaryOfVersion1: a secondary of version 1 names no TLS
+// application protocol, and closes the connection on a Hello of any other version than 1; the
+// primary's first Hello to it says version 1.
+func TestAPrimarySpeaksVersion1ToASecondaryOfVersion1(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ca := pki.New(t, "lockstep-ca")
@@ -105,30 +107,34 @@ func TestAPrimaryFallsBackToASecondaryOfVersion1(t *testing.T) {
 			if err != nil {
 				return
 			}
-			c, hello, stop, err := accept(ctx, raw, stc, time.Second)
+			// As version 1 served: TLS without an application protocol.
+			c, stop, err := handshake(ctx, tls.Server(raw, ServerTLS(stc)), time.Second)
 			if err != nil {
 				_ = raw.Close()
 				continue
 			}
-			mu.Lock()
-			versions = append(versions, hello.Version)
-			mu.Unlock()
-			if hello.Version != 1 { // as version 1 did: "protocol version 2, want 1"
+			f, err := c.read(time.Second)
+			if err != nil || f.Type != ftlog.FrameHello {
 				stop()
-				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			versions = append(versions, f.Hello.Version)
+			mu.Unlock()
+			if f.Hello.Version != 1 { // as version 1 did: "protocol version 2, want 1"
+				stop()
 				continue
 			}
 			_ = c.write(ftlog.Frame{Type: ftlog.FrameHello, Hello: &ftlog.Hello{Version: 1, Role: ftlog.RoleSecondary, Epoch: 1, Next: 1, Pair: cfg.Pair}})
 			close(served)
 			// Heartbeats of version 1, until the test ends.
-			for i := 0; ctx.Err() == nil; i++ {
+			for ctx.Err() == nil {
 				if c.write(ftlog.Frame{Type: ftlog.FrameHeartbeat, Heartbeat: &ftlog.Heartbeat{SentUnixNano: time.Now().UnixNano()}}) != nil {
 					break
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
 			stop()
-			_ = c.Close()
 			return
 		}
 	}()
@@ -144,9 +150,55 @@ func TestAPrimaryFallsBackToASecondaryOfVersion1(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(versions) < 2 || versions[0] != ftlog.Version || versions[len(versions)-1] != 1 {
-		t.Fatalf("the primary's Hellos said versions %v, want %d, then 1", versions, ftlog.Version)
+	if len(versions) != 1 || versions[0] != 1 {
+		t.Fatalf("the primary's Hellos said versions %v, want only 1", versions)
 	}
 	cancel()
 	<-done
+}
+
+// TestAPrimaryKeepsVersion2AfterASecondaryThatDidNotServeItsPairYet: a primary that connects
+// before its secondary is registered on its node's mux sees its connections closed; once the
+// secondary is there, they speak version 2, and the secondary's renewals reach the primary. (A
+// primary that took each close for a secondary of version 1 spoke version 1 for good, and its
+// secondary's renewals never reached it: cut from the API server, it paused though its secondary
+// renewed for it.)
+func TestAPrimaryKeepsVersion2AfterASecondaryThatDidNotServeItsPairYet(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := pki.New(t, "lockstep-ca")
+	cfg := Config{Pair: "ns/db", Heartbeat: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
+	scfg, pcfg := cfg, cfg
+	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := &Mux{TLS: scfg.TLS, Timeout: time.Second}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var told atomic.Int32
+	p := NewPrimary(pcfg, ln.Addr().String(), 1)
+	p.OnRenewed = func(time.Time) { told.Add(1) }
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = mux.Serve(ctx, ln) }()
+	go func() { defer wg.Done(); _ = p.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for mux.Unknown() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the primary did not try the mux before its secondary was there")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := NewSecondary(scfg, func(ftlog.Entry) error { return nil })
+	renewed := time.Now()
+	s.Witness = func() time.Time { return renewed }
+	mux.Register(cfg.Pair, s)
+	for told.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the secondary's renewal never reached the primary: they do not speak version 2")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

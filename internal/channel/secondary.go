@@ -141,7 +141,7 @@ func (s *Secondary) session(ctx context.Context, raw net.Conn) error {
 
 // accept runs the server side of the TLS handshake and reads the primary's Hello.
 func accept(ctx context.Context, raw net.Conn, tc *tls.Config, timeout time.Duration) (*conn, *ftlog.Hello, func(), error) {
-	c, stop, err := handshake(ctx, tls.Server(raw, ServerTLS(tc)), timeout)
+	c, stop, err := handshake(ctx, tls.Server(raw, logServerTLS(tc)), timeout)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -11,7 +11,8 @@
 // The record is also a lease with a term (internal/term): a side that runs the VM renews it, and
 // one that could not renew within the term stops releasing output and pauses its VM (Lapsed)
 // before the operator, which waits out the term on its own clock, may start the VM elsewhere. A
-// renewal that goes through again resumes it; one that finds the record moved on fences it.
+// renewal that goes through again resumes it; one that finds the record moved on fences it, as
+// does the end of its whole term without one.
 package failover
 
 import "fmt"
@@ -70,11 +71,15 @@ const (
 	// RecordMoved: a renewal found the record held by another member or at a newer epoch: the
 	// VM runs, or is to run, elsewhere.
 	RecordMoved
+	// TermEnded: a lapsed side's whole term passed without a renewal: from now on the operator
+	// may start the VM elsewhere, and a paused VM would keep its disks (their locks, their
+	// attachments) from the copy that starts there.
+	TermEnded
 )
 
 func (e Event) String() string {
 	return [...]string{"PeerSilent", "ClaimWon", "ClaimLost", "ClaimFailed", "SecondaryJoined", "SecondaryDropped",
-		"TermLapsed", "Renewed", "RecordMoved"}[e]
+		"TermLapsed", "Renewed", "RecordMoved", "TermEnded"}[e]
 }
 
 // Action is what lockstepd must do.
@@ -123,7 +128,9 @@ func (s Side) MayRelease() bool { return s.State == Alone }
 func (s Side) MayReleaseAcked() bool { return s.State == Protected || s.State == Alone }
 
 // ofTerm says whether the event is one of the record's term.
-func (e Event) ofTerm() bool { return e == TermLapsed || e == Renewed || e == RecordMoved }
+func (e Event) ofTerm() bool {
+	return e == TermLapsed || e == Renewed || e == RecordMoved || e == TermEnded
+}
 
 // onTerm applies the events of the record's term, and every event to a Lapsed side: paused and
 // holding everything, it waits for its renewal to decide (a claim from a silent peer now would
@@ -141,6 +148,9 @@ func (s *Side) onTerm(e Event) []Action {
 		return []Action{Resume, ReleaseAcked}
 	case e == RecordMoved && s.State != Claiming:
 		// (A claim under way reads the record and decides.)
+		s.State = Fenced
+		return []Action{Fence}
+	case e == TermEnded && s.State == Lapsed:
 		s.State = Fenced
 		return []Action{Fence}
 	case e == SecondaryJoined && s.LapsedFrom == Alone:

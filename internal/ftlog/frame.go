@@ -20,8 +20,9 @@
 //
 // Versions: each side's Hello carries the highest version it speaks, and a side accepts any
 // version from MinVersion on; the two speak the lower of the two. A secondary sends Renewed only
-// to a primary whose Hello said 2 or more. A version 1 side refuses a Hello of another version:
-// a primary whose first Hello a secondary closed the connection on says 1 from then on.
+// to a primary whose Hello said 2 or more. A version 1 side refuses a Hello of another version;
+// a primary learns which version its secondary speaks before its Hello, from the TLS application
+// protocol the secondary names (internal/channel): "lockstep-ftlog/2", or none at version 1.
 //
 // Renewed is the secondary's word that it renewed the pair's record for its primary (internal/
 // term): a renewal of the record that went through began agoNanos before the frame was sent.

@@ -66,6 +66,11 @@ func (t Term) PauseAt(renewed time.Time) time.Time {
 // Lapsed says whether a holder whose last renewal started at renewed must be paused at now.
 func (t Term) Lapsed(renewed, now time.Time) bool { return !now.Before(t.PauseAt(renewed)) }
 
+// Ended says whether the whole term of a holder whose last renewal started at renewed has passed
+// at now: the holder stops its paused VM, which would otherwise keep the VM's disks from the
+// copy the operator may start elsewhere once it has waited (Wait) too.
+func (t Term) Ended(renewed, now time.Time) bool { return !now.Before(renewed.Add(time.Duration(t))) }
+
 // Wait is how long the operator waits after it first saw a renewal before the holder counts as
 // paused.
 func (t Term) Wait() time.Duration {

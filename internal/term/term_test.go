@@ -26,6 +26,9 @@ func TestTheTermsNumbers(t *testing.T) {
 	if tm.Lapsed(r, r.Add(25*time.Second-time.Nanosecond)) || !tm.Lapsed(r, r.Add(25*time.Second)) {
 		t.Error("a holder pauses 25 s after its last renewal started, not before")
 	}
+	if tm.Ended(r, r.Add(30*time.Second-time.Nanosecond)) || !tm.Ended(r, r.Add(30*time.Second)) {
+		t.Error("a holder's term ends 30 s after its last renewal started, not before")
+	}
 	if got := tm.ExpiresIn(r, r.Add(10*time.Second)); got != 22600*time.Millisecond {
 		t.Errorf("ExpiresIn 10 s after the renewal was seen: %s", got)
 	}
@@ -97,6 +100,13 @@ func TestTheOperatorActsOnlyAfterTheHolderPaused(t *testing.T) {
 			}
 			if actsAt < pausedAt {
 				t.Fatalf("term %s: the operator acts at %s, the holder pauses at %s (renewed at %s, cut at %s)", time.Duration(tm), actsAt, pausedAt, lastStart, cut)
+			}
+			// And stops its VM, releasing its disks, before the operator starts another.
+			var stoppedAt time.Duration
+			for stoppedAt = pausedAt; !tm.Ended(read(holder, lastStart), read(holder, stoppedAt)); stoppedAt += 10 * time.Millisecond {
+			}
+			if actsAt < stoppedAt {
+				t.Fatalf("term %s: the operator acts at %s, the holder stops its VM at %s (renewed at %s, cut at %s)", time.Duration(tm), actsAt, stoppedAt, lastStart, cut)
 			}
 		})
 	}

@@ -193,6 +193,90 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		Expect(f.Status.FailoverCount).To(Equal(failovers))
 	})
 
+	// A node cut from the control plane, as a network cuts it: no heartbeat, lockstepd without the
+	// API server, a kubelet that sees nothing; the VM and logging networks up. Its secondary
+	// renews the record for it (the witness), so nothing moves.
+	It("keeps a protected primary cut from the API server where it runs: its secondary renews the record for it, no failover, no restart", func() {
+		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		failovers, epoch := f.Status.FailoverCount, leaseEpoch()
+		cut := cutAPI(p.Node)
+		Eventually(func() bool { return nodeReady(p.Node) }, time.Minute, 200*time.Millisecond).Should(BeFalse())
+		By("no failover and no restart, well past the record's term and the operator's wait")
+		Consistently(func(g Gomega) {
+			f := getFTVM()
+			g.Expect(f.Status.Primary).NotTo(BeNil())
+			g.Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
+			g.Expect(f.Status.Secondary).NotTo(BeNil())
+			g.Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
+			g.Expect(f.Status.FailoverCount).To(Equal(failovers))
+			g.Expect(recordHolder()).To(Equal(ftv1.SideIdentity(p.Node, p.VMI)))
+		}, recordTermWait+15*time.Second, time.Second).Should(Succeed())
+		renewedBy, renewed := recordRenewal()
+		Expect(renewed).To(BeTemporally(">", cut), "the record was renewed while its holder was cut")
+		Expect(renewedBy).To(Equal(ftv1.SideIdentity(s.Node, s.VMI)), "by the secondary, as the primary's witness")
+		Expect(leaseEpoch()).To(Equal(epoch))
+		expectServing(cl)
+		By("the node's path heals: nothing has moved")
+		healAPI(p.Node)
+		f = protected()
+		Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
+		Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
+		Expect(f.Status.FailoverCount).To(Equal(failovers))
+	})
+
+	// The path to two primaries that outside readers found: a primary alone, its node cut from the
+	// API server. It must pause before the operator starts the VM elsewhere, and never run again.
+	It("pauses a primary that runs alone, cut from the API server, and stops it before the VM starts elsewhere: never two running copies, nothing acknowledged lost", func() {
+		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
+		p := *f.Status.Primary
+		setProtection(ftv1.ProtectionSuspended)
+		waitFor("suspended", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+			c := apimeta.FindStatusCondition(f.Status.Conditions, ftv1.ConditionProtected)
+			return f.Status.Secondary == nil && c != nil && c.Reason == ftv1.ReasonProtectionSuspended
+		})
+		expectServing(cl)
+		By("the client stops: the VM restarts from its disks, a reboot the client would call a violation")
+		cl.stop()
+		expectNoViolation(cl)
+		acked := cl.Last()
+		old := "default_" + p.VMI
+		sampler := sampleDomains(old)
+		Eventually(sampler.state, 30*time.Second, 100*time.Millisecond).Should(Equal("running"))
+		cut := cutAPI(p.Node)
+		Eventually(sampler.state, recordTermWait, 100*time.Millisecond).Should(Equal("paused"), "the primary pauses once it cannot renew the record")
+		figures.Add("a primary alone cut from the API server: cut → its VM paused", time.Since(cut))
+		Eventually(sampler.state, time.Minute, 100*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")),
+			"its QEMU stops once its whole term passed: a paused one would keep the VM's disks from the copy that starts elsewhere")
+		figures.Add("a primary alone cut from the API server: cut → its VM stopped", time.Since(cut))
+		restarted := waitFor("the VM restarted on another node", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+			return f.Status.Primary != nil && f.Status.Primary.VMI != p.VMI && f.Status.Primary.Node != p.Node &&
+				apimeta.IsStatusConditionTrue(f.Status.Conditions, ftv1.ConditionPrimaryReady)
+		})
+		figures.Add("a primary alone cut from the API server: cut → the VM running elsewhere", time.Since(cut))
+		cl = startClient(vmAddr)
+		_, first := waitReplyAfter(cl, time.Now())
+		Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
+		Expect(first.Disk).To(Equal(first.Count))
+		By("the node's path heals: the old primary stays stopped")
+		healAPI(p.Node)
+		Consistently(sampler.state, 5*time.Second, 200*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")))
+		samples, violations := sampler.stop()
+		Expect(violations).To(BeEmpty())
+		Expect(samples).To(BeNumerically(">", 20), "the sampler looked often enough to see two copies")
+		Expect(getFTVM().Status.Primary.VMI).To(Equal(restarted.Status.Primary.VMI))
+		expectOnePrimary()
+		setProtection(ftv1.ProtectionEnabled)
+		protected()
+		expectServing(cl)
+	})
+
 	// Runs after two failovers, so that the primary is a secondary that went live: such a primary
 	// once claimed from its old log's epoch, "won" the epoch it already held and released what
 	// COLO held, while its secondary won the next epoch and went live too (the client saw a count
@@ -360,6 +444,9 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 	// and sets the new one Ready from lockstepd's own readiness probe.
 	It("rolls lockstepd out node by node, each node only once the VM is protected again: nothing lost, the unprotected time reported", func() {
 		protected()
+		if cl == nil { // focused alone (-ginkgo.focus='rolls lockstepd'): the client starts here
+			cl = startClient(vmAddr)
+		}
 		rollout := lockstepdRollout{}
 		rollout.observeFrom(time.Now())
 		By("helm upgrade to a new image: lockstepd's pods are replaced one node at a time")
@@ -611,6 +698,37 @@ func killedAt(file string) time.Time {
 	}
 	ms, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	return time.UnixMilli(ms)
+}
+
+// cutAPI cuts the node's host from the control plane (hack/local-cluster.sh cut-api) and returns
+// the moment the KubeVirt double took its path to the API server away.
+func cutAPI(name string) time.Time {
+	file := kubevirtdouble.CutAtFile(lc.HostsDir(), name)
+	before := killedAt(file)
+	cluster("cut-api", name)
+	var at time.Time
+	EventuallyWithOffset(1, func() bool {
+		at = killedAt(file)
+		return at.After(before)
+	}, 30*time.Second, 20*time.Millisecond).Should(BeTrue(), "the double cuts the host of %s", name)
+	return at
+}
+
+// healAPI gives the node's host its path to the API server back and waits until it is Ready.
+func healAPI(name string) {
+	cluster("heal-api", name)
+	EventuallyWithOffset(1, func() bool { return nodeReady(name) }, 2*time.Minute, 200*time.Millisecond).Should(BeTrue())
+}
+
+// recordRenewal is who wrote the pair's record last (its renewed-by annotation) and its renew time.
+func recordRenewal() (string, time.Time) {
+	var l coordinationv1.Lease
+	ExpectWithOffset(1, k8s.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: ftv1.RecordName(ftvmName)}, &l)).To(Succeed())
+	var at time.Time
+	if l.Spec.RenewTime != nil {
+		at = l.Spec.RenewTime.Time
+	}
+	return l.Annotations[ftv1.AnnotationRenewedBy], at
 }
 
 // reviveNode brings the node back (an empty host) and waits until it is Ready and its lockstepd

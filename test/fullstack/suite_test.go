@@ -29,6 +29,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/term"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 	"github.com/lockstep-dev/lockstep/test/localcluster"
 )
@@ -40,6 +41,10 @@ const (
 	nodes         = 4
 	nodeLostGrace = 10 * time.Second
 )
+
+// recordTermWait is how long the operator waits, after the last renewal of a pair's record it saw,
+// before it starts the VM elsewhere (lockstepd's default term, which the chart keeps).
+var recordTermWait = term.Term(term.Default).Wait()
 
 var (
 	k8s ctrlclient.Client

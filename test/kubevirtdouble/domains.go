@@ -61,6 +61,8 @@ type DomainState string
 const (
 	// HostDown: the node's host is dead; nothing on it reports (the VMI is left as it is).
 	HostDown DomainState = "HostDown"
+	// HostCut: the node's host is cut from the API server: it neither reports nor launches.
+	HostCut DomainState = "HostCut"
 	// DomainStarting: being launched.
 	DomainStarting DomainState = "Starting"
 	// DomainRunning: QEMU runs (paused or not).
@@ -82,6 +84,8 @@ type domain struct {
 	reason   string
 	launched *virtlauncher.Launched
 	gone     bool // destroyed or killed: the launch, if still going, undoes itself
+	// destroyDeferred: deleted while its host was cut from the API server; destroyed once healed.
+	destroyDeferred bool
 }
 
 // State is the domain of vmi on the node its launcher pod is bound to; a VMI that has none yet is
@@ -90,6 +94,9 @@ func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (Do
 	ho := d.Hosts.Host(pod.Spec.NodeName)
 	if ho == nil {
 		return HostDown, "the node's host is down"
+	}
+	if ho.isCut() {
+		return HostCut, "the node's host is cut from the API server"
 	}
 	key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 	d.mu.Lock()
@@ -128,6 +135,17 @@ func (d *Domains) State(vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (Do
 func (d *Domains) Destroy(key types.NamespacedName) {
 	d.mu.Lock()
 	dom := d.byVMI[key]
+	if dom != nil && !dom.destroyDeferred && dom.host.whenHealed(func() { d.Destroy(key) }) {
+		// Its kubelet, cut from the API server, does not see the deletion: the domain runs on.
+		dom.destroyDeferred = true
+		d.mu.Unlock()
+		d.Log.Info("domain's deletion not seen: its host is cut from the API server", "vmi", key, "node", dom.host.Node)
+		return
+	}
+	if dom != nil && dom.destroyDeferred && dom.host.isCut() {
+		d.mu.Unlock()
+		return
+	}
 	delete(d.byVMI, key)
 	d.mu.Unlock()
 	if dom != nil {

@@ -50,7 +50,11 @@ import (
 // A node's host dies when its kwok Lease is taken by KilledHolder (hack/local-cluster.sh
 // kill-node): its links, QEMUs, libvirt daemons and lockstepd die with its namespace. When the
 // Lease is free again (revive-node) an empty host comes back. SilencedHolder stops only the
-// node's heartbeat: the host runs on. A restart of the double reboots every host.
+// node's heartbeat: the host runs on. CutHolder cuts the host from the control plane (cut-api): its
+// heartbeat stops, its processes lose their path to the API server, and its kubelet sees nothing:
+// the VMIs and pods deleted meanwhile keep running on the host, and nothing on it reports, until
+// the Lease is free again (heal-api) and the kubelet catches up. A restart of the double reboots
+// every host.
 type Hosts struct {
 	client.Client
 	Clientset kubernetes.Interface
@@ -78,6 +82,7 @@ type Hosts struct {
 const (
 	KilledHolder   = "lockstep-killed-node"
 	SilencedHolder = "lockstep-silenced-node"
+	CutHolder      = "lockstep-cut-node"
 )
 
 // The networks' addresses. The VM network is 10.214.0.0/16: the client is 10.214.0.1, the VMs take
@@ -105,7 +110,11 @@ type Host struct {
 	stopping  bool
 	forwarder *forwarder
 	dead      bool
-	domains   map[types.UID]*domain
+	// cut: the host has no path to the API server (CutHolder); onHeal is what its kubelet does
+	// once it has one again (the deletions it did not see).
+	cut     bool
+	onHeal  []func()
+	domains map[types.UID]*domain
 }
 
 // NodeRunDir is lockstepd's --run-dir on a node of a real cluster, the members' directories,
@@ -223,12 +232,23 @@ func (h *Hosts) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	if err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == KilledHolder {
+	holder := ""
+	if err == nil && lease.Spec.HolderIdentity != nil {
+		holder = *lease.Spec.HolderIdentity
+	}
+	if holder == KilledHolder {
 		h.kill(name, "hack/local-cluster.sh kill-node")
 		return ctrl.Result{}, nil
 	}
 	ho, err := h.up(name)
 	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if holder == CutHolder {
+		h.cutAPI(ho)
+		return ctrl.Result{}, nil // its kubelet sees no pod change, and starts nothing
+	}
+	if err := h.healAPI(ho); err != nil {
 		return ctrl.Result{}, err
 	}
 	pod, err := h.tendLockstepdPods(ctx, ho)
@@ -329,6 +349,72 @@ func (h *Hosts) kill(node, why string) {
 	killNS(ho.NS)
 	h.Log.Info("host killed", "node", node, "why", why)
 }
+
+// cutAPI takes the host's path to the API server away (hack/local-cluster.sh cut-api), its
+// forwarded connections with it; the host's networks stay up.
+func (h *Hosts) cutAPI(ho *Host) {
+	ho.mu.Lock()
+	if ho.cut {
+		ho.mu.Unlock()
+		return
+	}
+	ho.cut = true
+	fwd := ho.forwarder
+	ho.forwarder = nil
+	ho.mu.Unlock()
+	if fwd != nil {
+		_ = fwd.Close()
+	}
+	_ = os.WriteFile(CutAtFile(h.StateDir, ho.Node), []byte(fmt.Sprint(time.Now().UnixMilli())), 0o644)
+	h.Log.Info("host cut from the API server", "node", ho.Node)
+}
+
+// healAPI gives a cut host its path to the API server back, and its kubelet does what it missed.
+func (h *Hosts) healAPI(ho *Host) error {
+	ho.mu.Lock()
+	if !ho.cut {
+		ho.mu.Unlock()
+		return nil
+	}
+	var err error
+	if ho.lockstepd != nil && ho.forwarder == nil {
+		ho.forwarder, err = forwardInto(ho.NS, "127.0.0.1:6443", strings.TrimPrefix(strings.TrimSuffix(h.Config.Host, "/"), "https://"))
+	}
+	if err != nil {
+		ho.mu.Unlock()
+		return err
+	}
+	ho.cut = false
+	missed := ho.onHeal
+	ho.onHeal = nil
+	ho.mu.Unlock()
+	h.Log.Info("host's path to the API server healed", "node", ho.Node, "missed", len(missed))
+	for _, fn := range missed {
+		fn()
+	}
+	return nil
+}
+
+// whenHealed defers fn until the host's path to the API server heals, if it is cut; it says
+// whether it did.
+func (ho *Host) whenHealed(fn func()) bool {
+	ho.mu.Lock()
+	defer ho.mu.Unlock()
+	if !ho.cut {
+		return false
+	}
+	ho.onHeal = append(ho.onHeal, fn)
+	return true
+}
+
+func (ho *Host) isCut() bool {
+	ho.mu.Lock()
+	defer ho.mu.Unlock()
+	return ho.cut
+}
+
+// CutAtFile is where the moment node's host was last cut from the API server is kept.
+func CutAtFile(stateDir, node string) string { return filepath.Join(stateDir, node+".cut") }
 
 // unplug removes the switch's ends of host i's links.
 func (h *Hosts) unplug(i int) {

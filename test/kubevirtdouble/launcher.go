@@ -169,8 +169,9 @@ func (l *Launcher) mirror(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 		(phase == virtv1.Running || phase == virtv1.Scheduled) {
 		state, why := l.Domains.State(vmi, pod)
 		switch state {
-		case HostDown:
-			// Nothing on a dead host reports: the VMI stays as it was, until its host is up.
+		case HostDown, HostCut:
+			// Nothing on a dead or cut host reports: the VMI stays as it was, until its host is
+			// up and reaches the API server.
 			return ctrl.Result{RequeueAfter: hostPoll}, nil
 		case DomainStarting:
 			phase, ready = virtv1.Scheduled, notReady("GuestNotRunning", "virt-launcher is starting the domain")

@@ -183,6 +183,9 @@ func (h *Hosts) probeReadiness(ho *Host, pod *corev1.Pod, exited <-chan struct{}
 	}}
 	ready := false
 	set := func(r bool) {
+		if ho.isCut() {
+			return // its kubelet cannot write; it tries again once healed
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		p := &corev1.Pod{}
