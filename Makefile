@@ -149,7 +149,7 @@ test-e2e: ## The end-to-end suite on the local cluster (hack/local-cluster.sh); 
 	hack/gotest.sh e2e -tags e2e -count=1 -timeout 45m -v ./test/e2e/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-fullstack
-test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, the operator killed mid-failover, then a seeded schedule of faults (QEMU, lockstepd, the logging link, nodes, the operator: FULLSTACK_CHAOS_SEED, FULLSTACK_CHAOS_STEPS, default 6), with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
+test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part together on the local cluster (FULL_STACK=1): lockstepd on each node's host, members booted through the KubeVirt hook and libvirt with real QEMU; failovers, a partition, a silent node, a node cut from the control plane, the operator killed mid-failover, then a seeded schedule of faults (QEMU, lockstepd, the logging link, nodes, a node cut from the control plane, the operator: FULLSTACK_CHAOS_SEED, FULLSTACK_CHAOS_STEPS, default 6), with a client checking the VM (needs root); FULLSTACK_KEEP=1 leaves it up.
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-scale

@@ -21,20 +21,22 @@ const (
 	initialBalance   = 1000
 )
 
-// Ledger moves money between accounts in the guest's PostgreSQL, one transaction per transfer
-// (debit, credit, a row naming the transfer), and records every transfer whose COMMIT the server
-// acknowledged, and those whose COMMIT was sent but never answered (in doubt: either outcome is
-// allowed). A transfer's number is never used twice.
+// Ledger is a bank: its clients move money between accounts in the guest's PostgreSQL at once,
+// one transaction per transfer (debit, credit, a row naming the transfer), and it records every
+// transfer whose COMMIT the server acknowledged, and those whose COMMIT was sent but never
+// answered (in doubt: either outcome is allowed). A transfer's number is never used twice.
 type Ledger struct {
 	Dial     DialFunc
 	Addr     string // the server, host:port
 	Accounts int
 	Seed     uint64
+	// Clients is how many clients transfer at once, each on its own connection (default 1).
+	Clients int
 
 	mu      sync.Mutex
 	acked   map[int64]bool
 	inDoubt map[int64]bool
-	failed  int // transfers that failed before COMMIT (rolled back)
+	failed  map[int64]bool // transfers that failed before COMMIT (rolled back)
 	next    int64
 	started time.Time // pg_postmaster_start_time() when the ledger was set up
 }
@@ -100,13 +102,42 @@ func (l *Ledger) Setup(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.acked, l.inDoubt, l.next, l.started = map[int64]bool{}, map[int64]bool{}, next, started
+	l.acked, l.inDoubt, l.failed, l.next, l.started = map[int64]bool{}, map[int64]bool{}, map[int64]bool{}, next, started
 	return nil
 }
 
-// Run makes transfers until ctx ends, reconnecting after any error.
+// Run runs the clients until ctx ends.
 func (l *Ledger) Run(ctx context.Context) {
-	rng := rand.New(rand.NewPCG(l.Seed, 1))
+	var wg sync.WaitGroup
+	for i := range max(1, l.Clients) {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.client(ctx, uint64(i)+1) }()
+	}
+	wg.Wait()
+}
+
+// Restarted takes the server's new start time after the VM restarted from its disks, as it may
+// when it ran alone: PostgreSQL went through crash recovery, and Check still proves that every
+// acknowledged transfer survived it.
+func (l *Ledger) Restarted(ctx context.Context) error {
+	c, err := l.connectRetrying(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	var started time.Time
+	if err := c.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&started); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.started = started
+	l.mu.Unlock()
+	return nil
+}
+
+// client makes transfers until ctx ends, reconnecting after any error.
+func (l *Ledger) client(ctx context.Context, n uint64) {
+	rng := rand.New(rand.NewPCG(l.Seed, n))
 	var c *pgx.Conn
 	defer func() {
 		if c != nil {
@@ -135,7 +166,7 @@ func (l *Ledger) Run(ctx context.Context) {
 		case committed:
 			l.inDoubt[id] = true
 		default:
-			l.failed++
+			l.failed[id] = true
 		}
 		l.mu.Unlock()
 		if err != nil {
@@ -155,12 +186,24 @@ func transfer(ctx context.Context, c *pgx.Conn, id int64, src, dst int, amount i
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
+	// The two accounts in the order of their numbers, so that concurrent transfers never wait
+	// for each other's rows in a cycle.
+	first, second := struct {
+		id    int
+		delta int64
+	}{src, -amount}, struct {
+		id    int
+		delta int64
+	}{dst, amount}
+	if dst < src {
+		first, second = second, first
+	}
 	for _, q := range []struct {
 		sql  string
 		args []any
 	}{
-		{`UPDATE accounts SET balance = balance - $1 WHERE id = $2`, []any{amount, src}},
-		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{amount, dst}},
+		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{first.delta, first.id}},
+		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{second.delta, second.id}},
 		{`INSERT INTO transfers (id, src, dst, amount) VALUES ($1, $2, $3, $4)`, []any{id, src, dst, amount}},
 	} {
 		if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
@@ -183,7 +226,7 @@ func (l *Ledger) Check(ctx context.Context) (LedgerReport, error) {
 	defer func() { _ = c.Close(context.Background()) }()
 	l.mu.Lock()
 	acked, inDoubt := copySet(l.acked), copySet(l.inDoubt)
-	r := LedgerReport{Acknowledged: len(acked), InDoubt: len(inDoubt), Failed: l.failed}
+	r := LedgerReport{Acknowledged: len(acked), InDoubt: len(inDoubt), Failed: len(l.failed)}
 	started := l.started
 	l.mu.Unlock()
 
@@ -204,26 +247,19 @@ func (l *Ledger) Check(ctx context.Context) (LedgerReport, error) {
 	if missing := missingFrom(acked, present); len(missing) > 0 {
 		errs = append(errs, fmt.Errorf("%d acknowledged transfers are gone: %v", len(missing), head(missing)))
 	}
-	var unknown []int64
+	// A transfer still under way when the rows were read may be there; one that failed before
+	// its COMMIT, or that no client made, may not.
+	var strange []int64
+	l.mu.Lock()
 	for id := range present {
-		if !acked[id] && !inDoubt[id] {
-			unknown = append(unknown, id)
+		if l.failed[id] || id >= l.next {
+			strange = append(strange, id)
 		}
 	}
-	if len(unknown) > 0 {
-		sort.Slice(unknown, func(i, j int) bool { return unknown[i] < unknown[j] })
-		// Transfers made after the snapshot above are acknowledged by now, or in doubt.
-		l.mu.Lock()
-		var strange []int64
-		for _, id := range unknown {
-			if !l.acked[id] && !l.inDoubt[id] && id < l.next-1 {
-				strange = append(strange, id)
-			}
-		}
-		l.mu.Unlock()
-		if len(strange) > 0 {
-			errs = append(errs, fmt.Errorf("%d transfers are there that the client saw fail before COMMIT: %v", len(strange), head(strange)))
-		}
+	l.mu.Unlock()
+	if len(strange) > 0 {
+		sort.Slice(strange, func(i, j int) bool { return strange[i] < strange[j] })
+		errs = append(errs, fmt.Errorf("%d transfers are there that the client saw fail before COMMIT, or never made: %v", len(strange), head(strange)))
 	}
 	var accounts int
 	if err := c.QueryRow(ctx, `SELECT count(*), coalesce(sum(balance), 0) FROM accounts`).Scan(&accounts, &r.Balance); err != nil {

@@ -17,6 +17,7 @@ const (
 	KillLockstepd    Action = "kill-lockstepd"    // the lockstepd on the member's node dies; the kubelet starts it again
 	PartitionLogging Action = "partition-logging" // the member's node loses its logging link for Hold
 	KillMemberNode   Action = "kill-member-node"  // the member's node dies (revived once the VM is Protected again)
+	CutAPI           Action = "cut-api"           // the member's node is cut from the control plane for Hold (hack/local-cluster.sh cut-api)
 )
 
 // The roles a full-stack step targets.
@@ -42,12 +43,16 @@ func FullStackSchedule(seed uint64, steps int) []Step {
 		switch x := r.IntN(100); {
 		case x < 25:
 			s = Step{Action: KillQEMU, Target: role()}
-		case x < 45:
+		case x < 40:
 			s = Step{Action: KillLockstepd, Target: role()}
-		case x < 65:
+		case x < 55:
 			s = Step{Action: PartitionLogging, Target: role(), Hold: hold(2*time.Second, 10*time.Second)}
-		case x < 85:
+		case x < 70:
 			s = Step{Action: KillMemberNode, Target: role()}
+		case x < 88:
+			// Shorter than the node-lost grace, and longer than the record's term and the
+			// operator's wait after it.
+			s = Step{Action: CutAPI, Target: role(), Hold: hold(5*time.Second, 45*time.Second)}
 		default:
 			s = Step{Action: KillOperator, Hold: hold(500*time.Millisecond, 5*time.Second)}
 		}

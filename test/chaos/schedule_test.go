@@ -65,12 +65,13 @@ func TestFullStackScheduleIsTheSeeds(t *testing.T) {
 			t.Fatalf("step %d is numbered %d", i+1, s.N)
 		}
 		seen[string(s.Action)+" "+s.Target] = true
-		if (s.Action == PartitionLogging || s.Action == KillOperator) != (s.Hold > 0) {
+		if (s.Action == PartitionLogging || s.Action == KillOperator || s.Action == CutAPI) != (s.Hold > 0) {
 			t.Fatalf("step %d: %s with hold %s", s.N, s.Action, s.Hold)
 		}
 	}
 	for _, want := range []string{"kill-qemu primary", "kill-qemu secondary", "kill-lockstepd primary", "kill-lockstepd secondary",
-		"partition-logging primary", "partition-logging secondary", "kill-member-node primary", "kill-member-node secondary", "kill-operator "} {
+		"partition-logging primary", "partition-logging secondary", "kill-member-node primary", "kill-member-node secondary",
+		"cut-api primary", "cut-api secondary", "kill-operator "} {
 		if !seen[want] {
 			t.Errorf("100 steps of seed 7 have no %q", want)
 		}

@@ -25,6 +25,7 @@ import (
 const (
 	vmHost         = "10.214.0.10"
 	ledgerAccounts = 100
+	ledgerClients  = 4 // the bank's tellers, transferring at once
 	mailEvery      = time.Second
 )
 
@@ -50,7 +51,7 @@ func newGuestApps() *guestApps {
 	Expect(err).NotTo(HaveOccurred())
 	return &guestApps{
 		shell:  shell,
-		ledger: &apps.Ledger{Dial: dialFromClients, Addr: net.JoinHostPort(vmHost, "5432"), Accounts: ledgerAccounts, Seed: uint64(GinkgoRandomSeed())},
+		ledger: &apps.Ledger{Dial: dialFromClients, Addr: net.JoinHostPort(vmHost, "5432"), Accounts: ledgerAccounts, Clients: ledgerClients, Seed: uint64(GinkgoRandomSeed())},
 		mail:   &apps.Mail{Dial: dialFromClients, Addr: net.JoinHostPort(vmHost, "25")},
 		pgbench: &apps.PGBench{Host: vmHost, Clients: 2, Rate: 5, Command: func(args ...string) *exec.Cmd {
 			return exec.Command("ip", append([]string{"netns", "exec", clientNS(), "pgbench"}, args...)...)
@@ -117,6 +118,18 @@ func (a *guestApps) check(after string) {
 	a.lastLedger, a.lastMail = r, m
 	AddReportEntry("applications after "+after, r.String()+"; "+m.String())
 	GinkgoWriter.Printf("after %s: the ledger: %s; the mail: %s\n", after, r, m)
+}
+
+// restarted tells the applications' checks that the VM restarted from its disks (it ran alone and
+// its node was lost): PostgreSQL went through crash recovery, and every acknowledged transfer
+// must have survived it.
+func (a *guestApps) restarted() {
+	if a.cancel == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	Expect(a.ledger.Restarted(ctx)).To(Succeed(), "the restarted guest's PostgreSQL")
 }
 
 // stop ends the clients, checks once more, and reports the totals.

@@ -55,6 +55,10 @@ func runFullStackStep(step chaos.Step) time.Duration {
 	case chaos.KillMemberNode:
 		start = killNode(m.Node)
 		revive = m.Node
+	case chaos.CutAPI:
+		cutAPI(m.Node)
+		time.Sleep(step.Hold)
+		healAPI(m.Node)
 	case chaos.KillOperator:
 		cluster("kill", "operator")
 		time.Sleep(step.Hold)

@@ -264,6 +264,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		_, first := waitReplyAfter(cl, time.Now())
 		Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
 		Expect(first.Disk).To(Equal(first.Count))
+		guest.restarted() // the check after this spec proves every acknowledged transfer survived
 		By("the node's path heals: the old primary stays stopped")
 		healAPI(p.Node)
 		Consistently(sampler.state, 5*time.Second, 200*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")))
@@ -394,6 +395,9 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 
 	It("protection Suspended: the VM serves on alone; Enabled protects it again on the reserved node", func() {
 		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
 		p, s := *f.Status.Primary, *f.Status.Secondary
 		setProtection(ftv1.ProtectionSuspended)
 		waitFor("suspended", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
@@ -426,6 +430,9 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 
 	It("protection Disabled: the VM serves on alone; Enabled protects it again", func() {
 		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
 		p := *f.Status.Primary
 		setProtection(ftv1.ProtectionDisabled)
 		waitFor("protection off", time.Minute, func(f *ftv1.FaultTolerantVM) bool {
