@@ -301,13 +301,17 @@ func startsUnaided(reason string) bool {
 // decisionWaits says whether the decision on a primary that cannot be seen waits.
 func (s *scope) decisionWaits() bool { return s.termWait != nil || s.waiting }
 
-// waitingFor is the Protected condition's reason and message while the decision on a primary
-// that cannot be seen waits: for its record's term, or for its suspect secondary.
-func waitingFor(s *scope) (reason, msg string) {
-	if s.termWait != nil {
-		return ftv1.ReasonWaitingForRecordTerm, s.termWait.message()
+// waitingFor is the pair's state and Protected condition while the decision on a primary that
+// cannot be seen waits: for its record's term (Protected while its secondary renews for it), or
+// for its suspect secondary.
+func waitingFor(s *scope) (state ftv1.FTState, ok bool, reason, msg string) {
+	switch {
+	case s.termWait != nil && s.termWait.witnessed(s.secondary):
+		return ftv1.StateProtected, true, ftv1.ReasonWitnessedBySecondary, s.termWait.witnessMessage()
+	case s.termWait != nil:
+		return ftv1.StateNotProtected, false, ftv1.ReasonWaitingForRecordTerm, s.termWait.message()
 	}
-	return ftv1.ReasonWaitingForSecondary,
+	return ftv1.StateNotProtected, false, ftv1.ReasonWaitingForSecondary,
 		fmt.Sprintf("the primary is lost; its synchronized secondary %s on node %s is not Ready (%s) and is promoted if it comes back within the grace; otherwise the VM restarts from its disks",
 			s.secondary.vmi.Name, s.secondary.node, s.secondary.verdict.Message)
 }
@@ -325,8 +329,7 @@ func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (sta
 			msg += "; members are stopping"
 		}
 	case s.decisionWaits():
-		state, ok = ftv1.StateNotProtected, false
-		reason, msg = waitingFor(s)
+		state, ok, reason, msg = waitingFor(s)
 	case s.failingOver():
 		state = ftv1.StateFailingOver
 		ok, reason, msg = false, ftv1.ReasonPromoted,

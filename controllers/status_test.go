@@ -46,6 +46,15 @@ func TestProtection(t *testing.T) {
 			ftv1.ReasonNoEligibleNode, ftv1.StateNotProtected, false, ftv1.ReasonNoEligibleNode},
 		{"a disk no secondary can match", &scope{ftvm: ftvm, primary: member("p", health.Running, false)},
 			ftv1.ReasonDiskSizeUnsupported, ftv1.StateNotProtected, false, ftv1.ReasonDiskSizeUnsupported},
+		{"the primary cut from the API server, its term running on its own renewal", &scope{ftvm: ftvm, primary: member("p", health.Lost, false), secondary: member("s", health.Running, true),
+			termWait: &termWait{holder: "p", by: "node-p/p"}},
+			ftv1.ReasonRunning, ftv1.StateNotProtected, false, ftv1.ReasonWaitingForRecordTerm},
+		{"the primary cut from the API server, its synchronized secondary renewing for it", &scope{ftvm: ftvm, primary: member("p", health.Lost, false), secondary: member("s", health.Running, true),
+			termWait: &termWait{holder: "p", by: "node-s/s"}},
+			ftv1.ReasonRunning, ftv1.StateProtected, true, ftv1.ReasonWitnessedBySecondary},
+		{"the primary cut, renewed for by a secondary not synchronized (it never renews)", &scope{ftvm: ftvm, primary: member("p", health.Lost, false), secondary: member("s", health.Running, false),
+			termWait: &termWait{holder: "p", by: "node-s/s"}},
+			ftv1.ReasonRunning, ftv1.StateNotProtected, false, ftv1.ReasonWaitingForRecordTerm},
 	} {
 		state, ok, reason, _ := protection(c.s, false, ftv1.ReasonRunning, "", c.sReason, "")
 		if state != c.state || ok != c.ok || reason != c.reason {

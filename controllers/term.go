@@ -85,6 +85,22 @@ func (s *scope) waitForTerm(w *termWait) {
 	s.requeueWithin(w.left)
 }
 
+// witnessed says whether the last renewal is the secondary's, made for its primary: a
+// synchronized secondary renews only while it hears its primary, so the pair runs protected
+// though the operator cannot see the primary.
+func (w *termWait) witnessed(secondary *memberView) bool {
+	return secondary != nil && secondary.synced() && w.by != "" &&
+		w.by == ftv1.SideIdentity(secondary.node, secondary.vmi.Name) &&
+		(secondary.verdict.State == health.Running || secondary.verdict.State == health.Suspect)
+}
+
+// witnessMessage is the Protected condition's message while the secondary renews for its primary.
+func (w *termWait) witnessMessage() string {
+	return fmt.Sprintf("primary %s on node %s cannot be seen (%s), but its secondary (%s) renews the pair's record for it, which it does only while it hears the primary: "+
+		"the pair runs protected. If the renewals stop, the VM starts elsewhere, or the secondary is promoted, %s after the last one",
+		w.holder, w.node, w.why, w.by, w.term)
+}
+
 // message is the Protected condition's message while the operator waits.
 func (w *termWait) message() string {
 	by := ""

@@ -166,6 +166,11 @@ const (
 	// node is not Ready or gone) but renewed the record less than a term ago: it may still run,
 	// and pauses itself once it cannot renew. The VM starts elsewhere only once the term passed.
 	ReasonWaitingForRecordTerm = "WaitingForRecordTerm"
+	// ReasonWitnessedBySecondary: the primary cannot be seen (its node is cut from the API server,
+	// or not Ready), but its synchronized secondary renews the pair's record for it, which it does
+	// only while it hears the primary: the pair runs protected. Nothing moves while it does; see
+	// the node's connection to the control plane.
+	ReasonWitnessedBySecondary = "WitnessedBySecondary"
 	// ReasonProtectionSuspended and ReasonProtectionDisabled: spec.protection stopped the secondary.
 	ReasonProtectionSuspended = "ProtectionSuspended"
 	ReasonProtectionDisabled  = "ProtectionDisabled"

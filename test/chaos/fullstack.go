@@ -26,9 +26,10 @@ const (
 	TargetSecondary = "secondary"
 )
 
-// FullStackSchedule draws steps from seed: every action of the full-stack
-// tier, against either member, with the operator's kills among them.
-func FullStackSchedule(seed uint64, steps int) []Step {
+// FullStackSchedule draws steps from seed: every action of the full-stack tier, against either
+// member, with the operator's kills among them; cut-api steps only with cutAPI (without, a seed
+// draws the schedule it drew before cut-api was added).
+func FullStackSchedule(seed uint64, steps int, cutAPI bool) []Step {
 	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
 	role := func() string {
 		if r.IntN(2) == 0 {
@@ -40,7 +41,11 @@ func FullStackSchedule(seed uint64, steps int) []Step {
 	out := make([]Step, 0, steps)
 	for len(out) < steps {
 		var s Step
-		switch x := r.IntN(100); {
+		x := r.IntN(100)
+		if !cutAPI {
+			x = withoutCutAPI(x)
+		}
+		switch {
 		case x < 25:
 			s = Step{Action: KillQEMU, Target: role()}
 		case x < 40:
@@ -60,6 +65,24 @@ func FullStackSchedule(seed uint64, steps int) []Step {
 		out = append(out, s)
 	}
 	return out
+}
+
+// withoutCutAPI maps a draw of the schedule's bands onto the bands it had before cut-api took
+// its share (kill-qemu below 25, kill-lockstepd below 45, partition-logging below 65,
+// kill-member-node below 85, kill-operator above), for the band each action has now.
+func withoutCutAPI(x int) int {
+	switch {
+	case x < 25:
+		return x
+	case x < 45:
+		return 25 + (x-25)*15/20 // kill-lockstepd: 25..39
+	case x < 65:
+		return 40 + (x-45)*15/20 // partition-logging: 40..54
+	case x < 85:
+		return 55 + (x-65)*15/20 // kill-member-node: 55..69
+	default:
+		return 88 + (x-85)*12/15 // kill-operator: 88..99
+	}
 }
 
 // FormatFullStack is a full-stack schedule as printed in a report: the seed and steps that repeat it.

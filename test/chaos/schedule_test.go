@@ -52,11 +52,11 @@ func TestAShorterScheduleIsTheLongersStart(t *testing.T) {
 }
 
 func TestFullStackScheduleIsTheSeeds(t *testing.T) {
-	a, b := FullStackSchedule(7, 100), FullStackSchedule(7, 100)
+	a, b := FullStackSchedule(7, 100, true), FullStackSchedule(7, 100, true)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("the same seed gave two schedules")
 	}
-	if reflect.DeepEqual(a, FullStackSchedule(8, 100)) {
+	if reflect.DeepEqual(a, FullStackSchedule(8, 100, true)) {
 		t.Fatal("two seeds gave one schedule")
 	}
 	seen := map[string]bool{}
@@ -74,6 +74,22 @@ func TestFullStackScheduleIsTheSeeds(t *testing.T) {
 		"cut-api primary", "cut-api secondary", "kill-operator "} {
 		if !seen[want] {
 			t.Errorf("100 steps of seed 7 have no %q", want)
+		}
+	}
+}
+
+// Without cut-api, a seed draws every other action, and no cut-api.
+func TestFullStackScheduleWithoutCutAPI(t *testing.T) {
+	seen := map[Action]bool{}
+	for _, s := range FullStackSchedule(7, 200, false) {
+		seen[s.Action] = true
+	}
+	if seen[CutAPI] {
+		t.Fatal("a schedule without cut-api has a cut-api step")
+	}
+	for _, a := range []Action{KillQEMU, KillLockstepd, PartitionLogging, KillMemberNode, KillOperator} {
+		if !seen[a] {
+			t.Errorf("200 steps of seed 7 without cut-api have no %s", a)
 		}
 	}
 }

@@ -215,6 +215,14 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 			g.Expect(f.Status.FailoverCount).To(Equal(failovers))
 			g.Expect(recordHolder()).To(Equal(ftv1.SideIdentity(p.Node, p.VMI)))
 		}, recordTermWait+15*time.Second, time.Second).Should(Succeed())
+		By("the status says the pair runs protected, its secondary renewing for the primary it cannot see")
+		Eventually(func() string {
+			c := apimeta.FindStatusCondition(getFTVM().Status.Conditions, ftv1.ConditionProtected)
+			if c == nil || c.Status != metav1.ConditionTrue {
+				return ""
+			}
+			return c.Reason
+		}, 30*time.Second, time.Second).Should(Equal(ftv1.ReasonWitnessedBySecondary))
 		renewedBy, renewed := recordRenewal()
 		Expect(renewed).To(BeTemporally(">", cut), "the record was renewed while its holder was cut")
 		Expect(renewedBy).To(Equal(ftv1.SideIdentity(s.Node, s.VMI)), "by the secondary, as the primary's witness")
