@@ -104,7 +104,9 @@ func (a *guestApps) check(after string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	r, err := a.ledger.Check(ctx)
-	Expect(err).NotTo(HaveOccurred(), "after %s, the ledger: %s", after, r)
+	Expect(err).NotTo(HaveOccurred(), func() string {
+		return fmt.Sprintf("after %s, the ledger: %s; the VM's Warning events since %s:\n%s", after, r, specStart.Format("15:04:05"), vmWarnings(specStart))
+	})
 	var m apps.MailReport
 	Eventually(func() error {
 		lines, err := a.shell.Run(ctx, apps.MailboxLines)
