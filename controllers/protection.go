@@ -17,8 +17,11 @@ import (
 func (r *FaultTolerantVMReconciler) phaseProtection(ctx context.Context, s *scope) error {
 	want := s.ftvm.Spec.Protection
 	if !s.unprotectedByChoice() {
-		if s.record.ReservedNode != "" && s.secondary != nil {
-			return r.reserve(ctx, s, "") // resumed: the secondary took the reservation's place
+		if s.record.ReservedNode != "" && s.secondary != nil && s.secondary.synced() {
+			// Resumed: the secondary took the reservation's place. (Placement stops counting the
+			// reservation once the pair has a secondary; released once it is synchronized, the
+			// release follows the synchronization's mark in one order, whatever the cache shows.)
+			return r.reserve(ctx, s, "")
 		}
 		return nil
 	}
