@@ -269,7 +269,10 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		})
 		figures.Add("a primary alone cut from the API server: cut → the VM running elsewhere", time.Since(cut))
 		cl = startClient(vmAddr)
-		_, first := waitReplyAfter(cl, time.Now())
+		asked := time.Now()
+		Eventually(func() bool { _, a := cl.Around(asked); return !a.At.IsZero() }, 3*time.Minute, 100*time.Millisecond).
+			Should(BeTrue(), "the restarted VM answers the client once its guest booted")
+		_, first := cl.Around(asked)
 		Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
 		Expect(first.Disk).To(Equal(first.Count))
 		guest.restarted() // the check after this spec proves every acknowledged transfer survived
