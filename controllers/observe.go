@@ -246,6 +246,12 @@ func (s *scope) reportedUnsynced(mv *memberView) bool {
 	return r != nil && r.Secondary != nil && r.Secondary.VMI == mv.vmi.Name && !r.Secondary.Synchronized
 }
 
+// alive says whether the member may be running its side: Running, or Suspect (its node or
+// lockstepd silent, not yet judged lost). A nil member is not.
+func (mv *memberView) alive() bool {
+	return mv != nil && (mv.verdict.State == health.Running || mv.verdict.State == health.Suspect)
+}
+
 // synced says whether the member held its pair's state once (see phaseMarkSynced).
 func (mv *memberView) synced() bool {
 	_, ok := mv.vmi.Annotations[ftv1.AnnotationSyncedAt]

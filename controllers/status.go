@@ -319,9 +319,6 @@ func waitingFor(s *scope) (state ftv1.FTState, ok bool, reason, msg string) {
 // protection is the pair's state and its Protected condition (ok, reason, message), from the
 // members' verdicts and the reasons of their own conditions.
 func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (state ftv1.FTState, ok bool, reason, msg string) {
-	alive := func(mv *memberView) bool {
-		return mv != nil && (mv.verdict.State == health.Running || mv.verdict.State == health.Suspect)
-	}
 	switch {
 	case halted:
 		state, reason, msg = ftv1.StateStopped, ftv1.ReasonHalted, "runStrategy is Halted"
@@ -334,21 +331,21 @@ func protection(s *scope, halted bool, pReason, pMsg, sReason, sMsg string) (sta
 		state = ftv1.StateFailingOver
 		ok, reason, msg = false, ftv1.ReasonPromoted,
 			fmt.Sprintf("the primary was lost and %s on node %s was promoted; a new secondary is starting", s.primary.vmi.Name, s.primary.node)
-	case s.unprotectedByChoice() && alive(s.primary):
+	case s.unprotectedByChoice() && s.primary.alive():
 		state = ftv1.StateNotProtected
 		reason, msg = protectionOff(s)
-	case alive(s.primary) && s.secondary != nil && s.secondary.verdict.Reason == health.ReasonLockstepdNotRunning:
+	case s.primary.alive() && s.secondary != nil && s.secondary.verdict.Reason == health.ReasonLockstepdNotRunning:
 		state = ftv1.StateNotProtected // COLO replicates only through lockstepd
 		ok, reason, msg = false, health.ReasonLockstepdNotRunning, "secondary: "+sMsg
-	case alive(s.primary) && alive(s.secondary) && !s.holdsState(s.secondary):
+	case s.primary.alive() && s.secondary.alive() && !s.holdsState(s.secondary):
 		state = ftv1.StateStarting
 		ok, reason, msg = false, ftv1.ReasonSecondaryStarting,
 			fmt.Sprintf("secondary %s on node %s is synchronizing with the primary", s.secondary.vmi.Name, s.secondary.node)
-	case alive(s.primary) && alive(s.secondary):
+	case s.primary.alive() && s.secondary.alive():
 		state = ftv1.StateProtected
 		ok, reason, msg = true, ftv1.ReasonProtected,
 			fmt.Sprintf("primary on node %s, secondary on node %s", s.primary.node, s.secondary.node)
-	case !alive(s.primary):
+	case !s.primary.alive():
 		// A primary that is being started is Starting; one that cannot start until a person or
 		// the cluster acts (no eligible node, invalid spec, missing network or disk) is NotProtected.
 		state = ftv1.StateStarting

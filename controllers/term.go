@@ -89,9 +89,8 @@ func (s *scope) waitForTerm(w *termWait) {
 // synchronized secondary renews only while it hears its primary, so the pair runs protected
 // though the operator cannot see the primary.
 func (w *termWait) witnessed(secondary *memberView) bool {
-	return secondary != nil && secondary.synced() && w.by != "" &&
-		w.by == ftv1.SideIdentity(secondary.node, secondary.vmi.Name) &&
-		(secondary.verdict.State == health.Running || secondary.verdict.State == health.Suspect)
+	return secondary.alive() && secondary.synced() && w.by != "" &&
+		w.by == ftv1.SideIdentity(secondary.node, secondary.vmi.Name)
 }
 
 // witnessMessage is the Protected condition's message while the secondary renews for its primary.

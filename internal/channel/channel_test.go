@@ -74,12 +74,19 @@ type pairUnderTest struct {
 	applied   []ftlog.Entry
 }
 
+// withPairCerts is cfg for a pair's secondary and for its primary, each with a certificate of one
+// new CA.
+func withPairCerts(t *testing.T, cfg Config) (secondary, primary Config) {
+	ca := pki.New(t, "lockstep-ca")
+	secondary, primary = cfg, cfg
+	secondary.TLS, primary.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	return secondary, primary
+}
+
 func startPair(t *testing.T, ctx context.Context, cfg Config, via func(string) string) *pairUnderTest {
 	t.Helper()
-	ca := pki.New(t, "lockstep-ca")
 	p := &pairUnderTest{resigned: make(chan string, 1)}
-	scfg, pcfg := cfg, cfg
-	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	scfg, pcfg := withPairCerts(t, cfg)
 	p.secondary = NewSecondary(scfg, func(e ftlog.Entry) error {
 		p.mu.Lock()
 		p.applied = append(p.applied, e)

@@ -10,18 +10,22 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/ftlog"
-	"github.com/lockstep-dev/lockstep/test/pki"
 )
+
+// renewalPairConfigs are the renewal tests' channel configuration, and its secondary's and its
+// primary's (withPairCerts).
+func renewalPairConfigs(t *testing.T) (cfg, secondary, primary Config) {
+	cfg = Config{Pair: "ns/db", Heartbeat: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
+	secondary, primary = withPairCerts(t, cfg)
+	return cfg, secondary, primary
+}
 
 // TestTheSecondaryPassesOnItsRenewals: each renewal of the record that the secondary made for
 // its primary reaches the primary (ftlog.Renewed), dated no later than it began.
 func TestTheSecondaryPassesOnItsRenewals(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ca := pki.New(t, "lockstep-ca")
-	cfg := Config{Pair: "ns/db", Heartbeat: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
-	scfg, pcfg := cfg, cfg
-	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	cfg, scfg, pcfg := renewalPairConfigs(t)
 	var witnessed atomic.Int64 // unix nanos of the secondary's last renewal
 	s := NewSecondary(scfg, func(ftlog.Entry) error { return nil })
 	s.Witness = func() time.Time {
@@ -90,9 +94,8 @@ func TestTheSecondaryPassesOnItsRenewals(t *testing.T) {
 func TestAPrimarySpeaksVersion1ToASecondaryOfVersion1(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ca := pki.New(t, "lockstep-ca")
-	cfg := Config{Pair: "ns/db", Heartbeat: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
-	stc, ptc := ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	cfg, scfg, pcfg := renewalPairConfigs(t)
+	stc := scfg.TLS
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -138,8 +141,6 @@ func TestAPrimarySpeaksVersion1ToASecondaryOfVersion1(t *testing.T) {
 			return
 		}
 	}()
-	pcfg := cfg
-	pcfg.TLS = ptc
 	p := NewPrimary(pcfg, ln.Addr().String(), 1)
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
@@ -166,10 +167,7 @@ func TestAPrimarySpeaksVersion1ToASecondaryOfVersion1(t *testing.T) {
 func TestAPrimaryKeepsVersion2AfterASecondaryThatDidNotServeItsPairYet(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ca := pki.New(t, "lockstep-ca")
-	cfg := Config{Pair: "ns/db", Heartbeat: 10 * time.Millisecond, Timeout: 300 * time.Millisecond}
-	scfg, pcfg := cfg, cfg
-	scfg.TLS, pcfg.TLS = ca.TLSConfig(t, "lockstepd"), ca.TLSConfig(t, "lockstepd")
+	cfg, scfg, pcfg := renewalPairConfigs(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -188,22 +188,16 @@ func transfer(ctx context.Context, c *pgx.Conn, id int64, src, dst int, amount i
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	// The two accounts in the order of their numbers, so that concurrent transfers never wait
 	// for each other's rows in a cycle.
-	first, second := struct {
-		id    int
-		delta int64
-	}{src, -amount}, struct {
-		id    int
-		delta int64
-	}{dst, amount}
+	first, firstDelta, second, secondDelta := src, -amount, dst, amount
 	if dst < src {
-		first, second = second, first
+		first, firstDelta, second, secondDelta = dst, amount, src, -amount
 	}
 	for _, q := range []struct {
 		sql  string
 		args []any
 	}{
-		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{first.delta, first.id}},
-		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{second.delta, second.id}},
+		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{firstDelta, first}},
+		{`UPDATE accounts SET balance = balance + $1 WHERE id = $2`, []any{secondDelta, second}},
 		{`INSERT INTO transfers (id, src, dst, amount) VALUES ($1, $2, $3, $4)`, []any{id, src, dst, amount}},
 	} {
 		if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {

@@ -174,23 +174,13 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		cluster("silence-node", p.Node)
 		Eventually(func() bool { return nodeReady(p.Node) }, time.Minute, 200*time.Millisecond).Should(BeFalse())
 		By("no failover and no restart, well past the grace, while lockstepd reports the pair replicating")
-		Consistently(func(g Gomega) {
-			f := getFTVM()
-			g.Expect(f.Status.Primary).NotTo(BeNil())
-			g.Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
-			g.Expect(f.Status.Secondary).NotTo(BeNil())
-			g.Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
-			g.Expect(f.Status.FailoverCount).To(Equal(failovers))
-		}, 2*nodeLostGrace+10*time.Second, time.Second).Should(Succeed())
+		Consistently(func(g Gomega) { expectSamePair(g, getFTVM(), p, s, failovers) }, 2*nodeLostGrace+10*time.Second, time.Second).Should(Succeed())
 		c := apimeta.FindStatusCondition(getFTVM().Status.Conditions, ftv1.ConditionPrimaryReady)
 		Expect(c).NotTo(BeNil())
 		Expect(c.Reason).To(Equal(ftv1.ReasonNodeSilentReplicating), "the status says why nothing moves: %s", c.Message)
 		By("the node comes back: nothing has moved")
 		reviveNode(p.Node)
-		f = protected()
-		Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
-		Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
-		Expect(f.Status.FailoverCount).To(Equal(failovers))
+		expectSamePair(Default, protected(), p, s, failovers)
 	})
 
 	// A node cut from the control plane, as a network cuts it: no heartbeat, lockstepd without the
@@ -207,12 +197,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		Eventually(func() bool { return nodeReady(p.Node) }, time.Minute, 200*time.Millisecond).Should(BeFalse())
 		By("no failover and no restart, well past the record's term and the operator's wait")
 		Consistently(func(g Gomega) {
-			f := getFTVM()
-			g.Expect(f.Status.Primary).NotTo(BeNil())
-			g.Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
-			g.Expect(f.Status.Secondary).NotTo(BeNil())
-			g.Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
-			g.Expect(f.Status.FailoverCount).To(Equal(failovers))
+			expectSamePair(g, getFTVM(), p, s, failovers)
 			g.Expect(recordHolder()).To(Equal(ftv1.SideIdentity(p.Node, p.VMI)))
 		}, recordTermWait+15*time.Second, time.Second).Should(Succeed())
 		By("the status says the pair runs protected, its secondary renewing for the primary it cannot see")
@@ -230,10 +215,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		expectServing(cl)
 		By("the node's path heals: nothing has moved")
 		healAPI(p.Node)
-		f = protected()
-		Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
-		Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
-		Expect(f.Status.FailoverCount).To(Equal(failovers))
+		expectSamePair(Default, protected(), p, s, failovers)
 	})
 
 	// The path to two primaries that outside readers found: a primary alone, its node cut from the
@@ -698,18 +680,23 @@ func nodeReady(name string) bool {
 // killNode kills the node's host (hack/local-cluster.sh kill-node) and returns the moment the
 // KubeVirt double took it off the networks.
 func killNode(name string) time.Time {
-	file := kubevirtdouble.KilledAtFile(lc.HostsDir(), name)
-	before := killedAt(file)
-	cluster("kill-node", name)
+	return stamped(kubevirtdouble.KilledAtFile(lc.HostsDir(), name), "the double kills the host of "+name, "kill-node", name)
+}
+
+// stamped runs hack/local-cluster.sh with args and returns the moment the KubeVirt double stamped
+// in file (Unix milliseconds) that it carried the fault out, waiting for a stamp newer than before.
+func stamped(file, what string, args ...string) time.Time {
+	before := stampIn(file)
+	cluster(args...)
 	var at time.Time
-	EventuallyWithOffset(1, func() bool {
-		at = killedAt(file)
+	EventuallyWithOffset(2, func() bool {
+		at = stampIn(file)
 		return at.After(before)
-	}, 30*time.Second, 20*time.Millisecond).Should(BeTrue(), "the double kills the host of %s", name)
+	}, 30*time.Second, 20*time.Millisecond).Should(BeTrue(), what)
 	return at
 }
 
-func killedAt(file string) time.Time {
+func stampIn(file string) time.Time {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return time.Time{}
@@ -721,21 +708,23 @@ func killedAt(file string) time.Time {
 // cutAPI cuts the node's host from the control plane (hack/local-cluster.sh cut-api) and returns
 // the moment the KubeVirt double took its path to the API server away.
 func cutAPI(name string) time.Time {
-	file := kubevirtdouble.CutAtFile(lc.HostsDir(), name)
-	before := killedAt(file)
-	cluster("cut-api", name)
-	var at time.Time
-	EventuallyWithOffset(1, func() bool {
-		at = killedAt(file)
-		return at.After(before)
-	}, 30*time.Second, 20*time.Millisecond).Should(BeTrue(), "the double cuts the host of %s", name)
-	return at
+	return stamped(kubevirtdouble.CutAtFile(lc.HostsDir(), name), "the double cuts the host of "+name, "cut-api", name)
 }
 
 // healAPI gives the node's host its path to the API server back and waits until it is Ready.
 func healAPI(name string) {
 	cluster("heal-api", name)
 	EventuallyWithOffset(1, func() bool { return nodeReady(name) }, 2*time.Minute, 200*time.Millisecond).Should(BeTrue())
+}
+
+// expectSamePair: the VM's status names primary p and secondary s, and its failover count is
+// failovers (nothing moved).
+func expectSamePair(g Gomega, f *ftv1.FaultTolerantVM, p, s ftv1.MemberStatus, failovers int32) {
+	g.Expect(f.Status.Primary).NotTo(BeNil())
+	g.Expect(f.Status.Primary.VMI).To(Equal(p.VMI))
+	g.Expect(f.Status.Secondary).NotTo(BeNil())
+	g.Expect(f.Status.Secondary.VMI).To(Equal(s.VMI))
+	g.Expect(f.Status.FailoverCount).To(Equal(failovers))
 }
 
 // recordRenewal is who wrote the pair's record last (its renewed-by annotation) and its renew time.

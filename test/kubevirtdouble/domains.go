@@ -84,7 +84,8 @@ type domain struct {
 	reason   string
 	launched *virtlauncher.Launched
 	gone     bool // destroyed or killed: the launch, if still going, undoes itself
-	// destroyDeferred: deleted while its host was cut from the API server; destroyed once healed.
+	// destroyDeferred: deleted while its host was cut from the API server; destroyed once healed
+	// (guarded by Domains.mu, as byVMI).
 	destroyDeferred bool
 }
 

@@ -378,7 +378,7 @@ func (h *Hosts) healAPI(ho *Host) error {
 	}
 	var err error
 	if ho.lockstepd != nil && ho.forwarder == nil {
-		ho.forwarder, err = forwardInto(ho.NS, "127.0.0.1:6443", strings.TrimPrefix(strings.TrimSuffix(h.Config.Host, "/"), "https://"))
+		ho.forwarder, err = h.forwardAPIServer(ho)
 	}
 	if err != nil {
 		ho.mu.Unlock()
@@ -475,7 +475,7 @@ current-context: local
 		return err
 	}
 	if ho.forwarder == nil {
-		if ho.forwarder, err = forwardInto(ho.NS, "127.0.0.1:6443", strings.TrimPrefix(strings.TrimSuffix(h.Config.Host, "/"), "https://")); err != nil {
+		if ho.forwarder, err = h.forwardAPIServer(ho); err != nil {
 			return err
 		}
 	}
@@ -558,6 +558,12 @@ func (h *Hosts) KillLockstepd(node string) error {
 		return fmt.Errorf("no lockstepd runs on %s", node)
 	}
 	return cmd.Process.Kill()
+}
+
+// forwardAPIServer is the host's path to the API server: 127.0.0.1:6443 inside it, forwarded to
+// the API server the double reaches.
+func (h *Hosts) forwardAPIServer(ho *Host) (*forwarder, error) {
+	return forwardInto(ho.NS, "127.0.0.1:6443", strings.TrimPrefix(strings.TrimSuffix(h.Config.Host, "/"), "https://"))
 }
 
 // forwarder accepts TCP connections inside a host's namespace and forwards each to a target in
