@@ -206,6 +206,21 @@ var _ = Describe("Admission (the operator's webhooks)", func() {
 		}, "the logging bandwidth budget is 1000 Mbit/s"),
 	)
 
+	It("refuses a VM in a namespace whose Pod Security level refuses its members' launcher pods, and admits it once the namespace is privileged", func() {
+		label := func(level string) {
+			n := &corev1.Namespace{}
+			Expect(k8s.Get(ctx(), types.NamespacedName{Name: ns}, n)).To(Succeed())
+			n.Labels["pod-security.kubernetes.io/enforce"] = level
+			Expect(k8s.Update(ctx(), n)).To(Succeed())
+		}
+		label("baseline")
+		Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(MatchError(And(
+			ContainSubstring(`the namespace enforces Pod Security level "baseline"`),
+			ContainSubstring("pod-security.kubernetes.io/enforce=privileged"))))
+		label("privileged")
+		Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+	})
+
 	It("refuses a logging network whose definition Multus could not use", func() {
 		Expect(k8s.Create(ctx(), &nadv1.NetworkAttachmentDefinition{
 			ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: ns},

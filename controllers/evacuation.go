@@ -85,7 +85,7 @@ func (r *FaultTolerantVMReconciler) roomForNextSecondary(ctx context.Context, s 
 		primary = s.secondary
 	}
 	tmpl := secondaryTemplate(ctx, s, primary)
-	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
+	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1, r.Placer.Sizing.Cluster(ctx))
 	if err := r.awayFrom(ctx, s, primary, &nm.req); err != nil {
 		return err
 	}

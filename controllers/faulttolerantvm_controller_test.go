@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/controllers"
 	"github.com/lockstep-dev/lockstep/internal/arbiter"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 	"github.com/lockstep-dev/lockstep/internal/term"
@@ -349,6 +351,14 @@ var _ = Describe("FaultTolerantVM", func() {
 
 		It("promotes the secondary when the primary's node goes NotReady, and starts a new secondary elsewhere", func() {
 			oldPrimary, oldSecondary := got.Status.Primary, got.Status.Secondary
+			// The record lists each member on the node it was placed on (lockstepd's admission
+			// policy lets a node's lockstepd name only those of its node), and only the pair's.
+			listed := func() []string {
+				l := &coordinationv1.Lease{}
+				Expect(k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: ftv1.RecordName("vm")}, l)).To(Succeed())
+				return strings.Split(l.Annotations[ftv1.AnnotationMembers], ",")
+			}
+			Expect(listed()).To(ConsistOf(ftv1.SideIdentity(oldPrimary.Node, oldPrimary.VMI), ftv1.SideIdentity(oldSecondary.Node, oldSecondary.VMI)))
 			setNodeReady(oldPrimary.Node, false)
 
 			Eventually(isGone(ns, oldPrimary.VMI), timeout, interval).Should(BeTrue())
@@ -359,6 +369,8 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(after.Status.Primary.Node).To(Equal(oldSecondary.Node))
 			Expect(after.Status.Secondary.VMI).To(Equal("vm-3"))
 			Expect(after.Status.Secondary.Node).NotTo(BeElementOf(oldPrimary.Node, oldSecondary.Node))
+			Expect(listed()).To(ConsistOf(ftv1.SideIdentity(oldSecondary.Node, oldSecondary.VMI), ftv1.SideIdentity(after.Status.Secondary.Node, "vm-3")),
+				"the new secondary listed before it was created, the lost primary no longer")
 			Expect(after.Status.FailoverCount).To(Equal(int32(1)))
 			Expect(after.Status.LastFailoverTime).NotTo(BeNil())
 			promoted, err := getVMI(ns, oldSecondary.VMI)
@@ -873,14 +885,7 @@ var _ = Describe("FaultTolerantVM", func() {
 
 			By("a node whose other pods leave less than a member asks for takes none")
 			makeNode("busy", "zone-a")
-			waiting := func(g Gomega) {
-				f := getFTVM(ns, "vm")
-				g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
-				c := condition(f, ftv1.ConditionProtected)
-				g.Expect(c).NotTo(BeNil())
-				g.Expect(c.Reason).To(Equal(ftv1.ReasonNoEligibleNode))
-				g.Expect(c.Message).To(ContainSubstring("1 " + placement.RejectInsufficientCPU))
-			}
+			waiting := waitingForRoom(ns, "vm", placement.RejectInsufficientCPU)
 			Eventually(waiting, timeout, interval).Should(Succeed())
 			Consistently(waiting, 3*time.Second, interval).Should(Succeed())
 			Expect(membersOnNode(busy)).To(Equal(0))
@@ -889,6 +894,40 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(k8s.Delete(ctx(), hog, client.GracePeriodSeconds(0))).To(Succeed())
 			waitForState(ns, "vm", ftv1.StateProtected)
 			Expect(membersOnNode(busy)).To(Equal(1))
+		})
+		It("sizes a member as the cluster's KubeVirt CR has virt-controller size its launcher", func() {
+			// KubeVirt's overhead ratio of 4 makes a secondary's launcher over a GiB larger: a
+			// node with room for the secondary KubeVirt's defaults size, and not for this one.
+			ratio := "4"
+			kv := &virtv1.KubeVirt{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kubevirt"}}
+			kv.Spec.Configuration.AdditionalGuestMemoryOverheadRatio = &ratio
+			Expect(k8s.Create(ctx(), kv)).To(Succeed())
+			DeferCleanup(func() { Expect(client.IgnoreNotFound(k8s.Delete(ctx(), kv))).To(Succeed()) })
+			tmpl := newFTVM(ns, "vm").Spec.Template
+			_, byDefault, err := member.LauncherRequests(tmpl, ftv1.RoleSecondary, member.Options{PriorityClassName: "lockstep-ft"}, kubevirtsize.ClusterOf(nil, runtime.GOARCH))
+			Expect(err).NotTo(HaveOccurred())
+			_, byRatio, err := member.LauncherRequests(tmpl, ftv1.RoleSecondary, member.Options{PriorityClassName: "lockstep-ft"}, kubevirtsize.ClusterOf(kv, runtime.GOARCH))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(byRatio - byDefault).To(BeNumerically(">", 512<<20))
+
+			makeNode("free", "zone-a")
+			Expect(k8s.Create(ctx(), newFTVM(ns, "vm"))).To(Succeed())
+			waitForState(ns, "vm", ftv1.StateNotProtected)
+			tight := nodeName("tight")
+			makeNode("tight", "zone-a")
+			setAllocatable(tight, "16", fmt.Sprint((byDefault+byRatio)/2))
+
+			By("the node has room for the secondary at KubeVirt's default size only: it takes none")
+			waiting := waitingForRoom(ns, "vm", placement.RejectInsufficientMemory)
+			Eventually(waiting, timeout, interval).Should(Succeed())
+			Consistently(waiting, 3*time.Second, interval).Should(Succeed())
+			Expect(membersOnNode(tight)).To(Equal(0))
+
+			By("without the ratio, the secondary fits there")
+			Expect(k8s.Delete(ctx(), kv)).To(Succeed())
+			setAllocatable(tight, "16", fmt.Sprint((byDefault+byRatio)/2+1)) // a node event: the next decision
+			waitForState(ns, "vm", ftv1.StateProtected)
+			Expect(membersOnNode(tight)).To(Equal(1))
 		})
 	})
 
@@ -1104,4 +1143,17 @@ func (r *membersPerNode) sharedNode() []string {
 		out = append(out, p)
 	}
 	return out
+}
+
+// waitingForRoom checks that a FaultTolerantVM runs NotProtected because one node rejects its
+// secondary for reject (a placement.Reject* reason).
+func waitingForRoom(ns, name, reject string) func(Gomega) {
+	return func(g Gomega) {
+		f := getFTVM(ns, name)
+		g.Expect(f.Status.State).To(Equal(ftv1.StateNotProtected))
+		c := condition(f, ftv1.ConditionProtected)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(ftv1.ReasonNoEligibleNode))
+		g.Expect(c.Message).To(ContainSubstring("1 " + reject))
+	}
 }

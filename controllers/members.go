@@ -17,6 +17,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/health"
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/internal/placement"
 )
@@ -111,7 +112,8 @@ type newMember struct {
 	vmi   *virtv1.VirtualMachineInstance // set once created
 }
 
-func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplate, role string, ordinal int) *newMember {
+// prepareMember is a member to place, sized as the cluster's KubeVirt (sizing) will size its launcher.
+func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplate, role string, ordinal int, sizing kubevirtsize.Cluster) *newMember {
 	ftvm := s.ftvm
 	m := member.Member{Ordinal: ordinal, Role: role, Since: r.Clock.Now(), LogBandwidthMbps: r.logBandwidthMbps(ftvm)}
 	if role == ftv1.RoleSecondary && s.primary != nil {
@@ -119,7 +121,7 @@ func (r *FaultTolerantVMReconciler) prepareMember(s *scope, tmpl ftv1.VMITemplat
 	}
 	// A template admission let through has what sizing needs (its memory): an error leaves the
 	// member counted by the FT limits alone, as before it was sized.
-	cpu, memory, _ := member.LauncherRequests(tmpl, role, r.Config.Member)
+	cpu, memory, _ := member.LauncherRequests(tmpl, role, r.Config.Member, sizing)
 	return &newMember{
 		name: member.Name(ftvm.Name, ordinal),
 		tmpl: tmpl,
@@ -197,12 +199,13 @@ func (r *FaultTolerantVMReconciler) awaitCached(ctx context.Context, obj client.
 // the pair is placed as a whole but only the primary is created; phaseEnsureSecondary creates
 // the secondary once the sizes are there.
 func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmpl ftv1.VMITemplate) error {
-	p := r.prepareMember(s, tmpl, ftv1.RolePrimary, s.maxOrdinal+1)
-	sec := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+2)
+	sizing := r.Placer.Sizing.Cluster(ctx)
+	p := r.prepareMember(s, tmpl, ftv1.RolePrimary, s.maxOrdinal+1, sizing)
+	sec := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+2, sizing)
 	sec.spec.Follows = p.name
 	withSecondary := true
 	pp, err := r.Placer.PlaceAndCreatePair(ctx, p.req, sec.req, &tmpl.Spec, s.ftvm.Spec.TopologyKey, p.key(s), sec.key(s),
-		func(node string) error {
+		func(node, secondaryNode string) error {
 			if err := r.checkClaims(ctx, s.ftvm, &tmpl.Spec, ftv1.RolePrimary); err != nil {
 				return err // before the record: a refused start spends no epoch
 			}
@@ -221,10 +224,14 @@ func (r *FaultTolerantVMReconciler) startPair(ctx context.Context, s *scope, tmp
 			next := s.record.Record
 			next.Exists, next.Holder, next.Epoch = true, p.name, s.record.Epoch+1
 			next.LastOrdinal = max(next.LastOrdinal, p.spec.Ordinal)
+			listed := []string{ftv1.SideIdentity(node, p.name)}
 			if withSecondary {
 				next.LastOrdinal = max(next.LastOrdinal, sec.spec.Ordinal) // both names, in the one write
+				if secondaryNode != "" {
+					listed = append(listed, ftv1.SideIdentity(secondaryNode, sec.name))
+				}
 			}
-			if err := r.writeRecord(ctx, s.ftvm, s.record, next, node); err != nil {
+			if err := r.writeRecordListing(ctx, s.ftvm, s.record, next, node, s.listing(listed...)); err != nil {
 				return err
 			}
 			p.spec.Epoch = next.Epoch
@@ -306,7 +313,7 @@ func (r *FaultTolerantVMReconciler) awayFrom(ctx context.Context, s *scope, prim
 // startSecondary places a new secondary away from the primary and creates it (and its disk
 // copies).
 func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope, tmpl ftv1.VMITemplate, bytes member.DiskBytes) (*memberView, error) {
-	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1)
+	nm := r.prepareMember(s, tmpl, ftv1.RoleSecondary, s.maxOrdinal+1, r.Placer.Sizing.Cluster(ctx))
 	nm.spec.DiskBytes = bytes
 	if err := r.awayFrom(ctx, s, s.primary, &nm.req); err != nil {
 		return nil, err
@@ -331,7 +338,7 @@ func (r *FaultTolerantVMReconciler) startSecondary(ctx context.Context, s *scope
 		if err := r.checkClaims(ctx, s.ftvm, &tmpl.Spec, ftv1.RoleSecondary); err != nil {
 			return err
 		}
-		if err := r.reserveOrdinal(ctx, s, nm.spec.Ordinal); err != nil {
+		if err := r.recordNewMember(ctx, s, nm, node); err != nil {
 			return err
 		}
 		return r.create(ctx, s, nm, node)

@@ -62,6 +62,9 @@ type Placer struct {
 	// Sightings dates the node leases' renewals on the operator's clock (shared with the
 	// reconciler).
 	Sightings *Sightings
+	// Sizing is the KubeVirt configuration that sizes members' launcher pods (shared with the
+	// reconciler, which sizes the members it is about to place).
+	Sizing *KubeVirtSizing
 
 	mu      sync.Mutex
 	assumed map[types.NamespacedName]assumedMember
@@ -149,7 +152,8 @@ func (p *Placer) Fits(ctx context.Context, req placement.Request, vm *virtv1.Vir
 // placed (SecondaryErr says why) or when creating the secondary failed (the error says why); the
 // primary was created whenever Placement.Primary is set.
 func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary placement.Request, vm *virtv1.VirtualMachineInstanceSpec,
-	topologyKey string, primaryKey, secondaryKey types.NamespacedName, createPrimary, createSecondary func(node string) error) (placement.PairPlacement, error) {
+	topologyKey string, primaryKey, secondaryKey types.NamespacedName, createPrimary func(node, secondaryNode string) error,
+	createSecondary func(node string) error) (placement.PairPlacement, error) {
 	var pp placement.PairPlacement
 	err := p.decide(ctx, vm, topologyKey, func(nodes []placement.Node) error {
 		var err error
@@ -169,7 +173,7 @@ func (p *Placer) PlaceAndCreatePair(ctx context.Context, primary, secondary plac
 	if err != nil {
 		return placement.PairPlacement{}, err
 	}
-	err = createPrimary(pp.Primary)
+	err = createPrimary(pp.Primary, pp.Secondary)
 	p.createDone(primaryKey, err)
 	if err != nil {
 		p.createDone(secondaryKey, err) // never created
@@ -259,6 +263,7 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 	if err != nil {
 		return nil, err
 	}
+	sizing := p.Sizing.Cluster(ctx)
 	seen := map[types.NamespacedName]bool{}
 	byNode := map[string][]placement.Member{}
 	primaryOf, hasSecondary := map[string]placement.Member{}, map[string]bool{}
@@ -271,7 +276,7 @@ func (p *Placer) view(ctx context.Context, vm *virtv1.VirtualMachineInstanceSpec
 		if v.IsFinal() {
 			continue // its pod is gone: it holds nothing
 		}
-		m := memberOf(ctx, v)
+		m := memberOf(ctx, v, sizing)
 		m.PodCounted = p.Requests != nil && p.Requests.LauncherBound(v.UID)
 		switch m.Role {
 		case placement.Primary:
@@ -401,10 +406,11 @@ func pairKey(namespace, name string) string {
 	return namespace + "/" + name
 }
 
-// memberOf is a member VMI as placement counts it: its launcher pod sized as KubeVirt sizes it.
-func memberOf(ctx context.Context, v *virtv1.VirtualMachineInstance) placement.Member {
+// memberOf is a member VMI as placement counts it: its launcher pod sized as KubeVirt, configured
+// as sizing says, sizes it.
+func memberOf(ctx context.Context, v *virtv1.VirtualMachineInstance, sizing kubevirtsize.Cluster) placement.Member {
 	bw, _ := strconv.Atoi(v.Annotations[ftv1.AnnotationReservedLogBandwidth])
-	cpu, memory, err := kubevirtsize.LauncherRequests(v)
+	cpu, memory, err := kubevirtsize.LauncherRequests(v, sizing)
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("a member's launcher cannot be sized", "vmi", v.Name, "err", err.Error())
 	}

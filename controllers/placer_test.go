@@ -169,14 +169,14 @@ func TestPlacerForgetsAMemberWhoseCreateFailed(t *testing.T) {
 	pk, sk := types.NamespacedName{Namespace: "ns", Name: "c-1"}, types.NamespacedName{Namespace: "ns", Name: "c-2"}
 	_, err = p2.PlaceAndCreatePair(ctx, placement.Request{Pair: "ns/c", Role: placement.Primary, VCPUs: 1},
 		placement.Request{Pair: "ns/c", Role: placement.Secondary, VCPUs: 1}, spec, "", pk, sk,
-		func(string) error { return failed }, func(string) error { t.Error("the secondary was created after its primary failed"); return nil })
+		func(string, string) error { return failed }, func(string) error { t.Error("the secondary was created after its primary failed"); return nil })
 	if !errors.Is(err, failed) {
 		t.Fatalf("got %v, want the create's error", err)
 	}
 	pp, err := p2.PlaceAndCreatePair(ctx, placement.Request{Pair: "ns/d", Role: placement.Primary, VCPUs: 1},
 		placement.Request{Pair: "ns/d", Role: placement.Secondary, VCPUs: 1}, spec, "",
 		types.NamespacedName{Namespace: "ns", Name: "d-1"}, types.NamespacedName{Namespace: "ns", Name: "d-2"},
-		func(node string) error {
+		func(node, _ string) error {
 			return c2.Create(ctx, memberVMI(types.NamespacedName{Namespace: "ns", Name: "d-1"}, "d", ftv1.RolePrimary, node))
 		},
 		func(node string) error {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -33,6 +35,9 @@ type record struct {
 	lastPromotion *metav1.Time
 	// suspects are the pair's suspect nodes (suspects.go).
 	suspects map[string]suspicion
+	// members are the identities of the pair's members on the nodes the operator placed them
+	// (ftv1.AnnotationMembers).
+	members []string
 }
 
 func recordKey(ftvm *ftv1.FaultTolerantVM) types.NamespacedName {
@@ -67,6 +72,9 @@ func readRecord(ctx context.Context, r client.Reader, ftvm *ftv1.FaultTolerantVM
 	rec.ReservedNode = lease.Annotations[ftv1.AnnotationReservedNode]
 	rec.LastOrdinal, _ = strconv.Atoi(lease.Annotations[ftv1.AnnotationLastOrdinal])
 	rec.suspects = decodeSuspects(lease.Annotations[ftv1.AnnotationSuspectNodes])
+	if m := lease.Annotations[ftv1.AnnotationMembers]; m != "" {
+		rec.members = strings.Split(m, ",")
+	}
 	if t, err := time.Parse(time.RFC3339, lease.Annotations[ftv1.AnnotationLastPromotionTime]); err == nil {
 		mt := metav1.NewTime(t)
 		rec.lastPromotion = &mt
@@ -82,6 +90,12 @@ var errStaleRecord = errors.New("the pair's Lease belongs to an earlier FaultTol
 // decision taken from a stale view fails (with a Conflict or AlreadyExists) instead of winning.
 // holderNode is the node of next's holder.
 func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.FaultTolerantVM, cur *record, next roles.Record, holderNode string) error {
+	return r.writeRecordListing(ctx, ftvm, cur, next, holderNode, cur.members)
+}
+
+// writeRecordListing is writeRecord that also lists members as the pair's (see
+// ftv1.AnnotationMembers): a member is listed in the write before the one that creates it.
+func (r *FaultTolerantVMReconciler) writeRecordListing(ctx context.Context, ftvm *ftv1.FaultTolerantVM, cur *record, next roles.Record, holderNode string, members []string) error {
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ftvm.Namespace, Name: ftv1.RecordName(ftvm.Name)}}
 	if cur.lease != nil {
 		lease = cur.lease.DeepCopy()
@@ -117,6 +131,7 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	setOrDelete(lease.Annotations, ftv1.AnnotationOperation, next.Operation)
 	setOrDelete(lease.Annotations, ftv1.AnnotationReservedNode, next.ReservedNode)
 	setOrDelete(lease.Annotations, ftv1.AnnotationSuspectNodes, encodeSuspects(cur.suspects))
+	setOrDelete(lease.Annotations, ftv1.AnnotationMembers, strings.Join(members, ","))
 	if next.LastOrdinal > 0 {
 		lease.Annotations[ftv1.AnnotationLastOrdinal] = strconv.Itoa(next.LastOrdinal)
 	}
@@ -132,7 +147,7 @@ func (r *FaultTolerantVMReconciler) writeRecord(ctx context.Context, ftvm *ftv1.
 	if err != nil {
 		return fmt.Errorf("writing the pair's record (holder %q, epoch %d): %w", identity, next.Epoch, err)
 	}
-	cur.lease, cur.Record, cur.holderNode = lease, next, holderNode
+	cur.lease, cur.Record, cur.holderNode, cur.members = lease, next, holderNode, members
 	cur.Exists = true
 	return nil
 }
@@ -185,15 +200,36 @@ func (r *record) movedTo(fresh *record) bool {
 	return fresh.Holder != r.Holder || fresh.Epoch != r.Epoch
 }
 
-// reserveOrdinal records, before a member of ordinal o is created, that o is handed out (see
-// ftv1.AnnotationLastOrdinal). It writes only when the record does not say so already.
-func (r *FaultTolerantVMReconciler) reserveOrdinal(ctx context.Context, s *scope, o int) error {
-	if s.record.LastOrdinal >= o {
+// recordNewMember records, before the member nm is created on node, that its ordinal is handed
+// out (see ftv1.AnnotationLastOrdinal) and that it is the pair's member on that node (see
+// ftv1.AnnotationMembers). It writes only when the record does not say both already.
+func (r *FaultTolerantVMReconciler) recordNewMember(ctx context.Context, s *scope, nm *newMember, node string) error {
+	id := ftv1.SideIdentity(node, nm.name)
+	if s.record.LastOrdinal >= nm.spec.Ordinal && slices.Contains(s.record.members, id) {
 		return nil
 	}
 	next := s.record.Record
-	next.LastOrdinal = o
-	return r.writeRecord(ctx, s.ftvm, s.record, next, s.record.holderNode)
+	next.LastOrdinal = max(next.LastOrdinal, nm.spec.Ordinal)
+	return r.writeRecordListing(ctx, s.ftvm, s.record, next, s.record.holderNode, s.listing(id))
+}
+
+// listing is the record's member list with the identities add, less the members that left the
+// pair: all but its primary and secondary as this reconcile sees them (a lost, fenced or dropped
+// member may never be named the holder again).
+func (s *scope) listing(add ...string) []string {
+	keep := map[string]bool{}
+	for _, m := range []*memberView{s.primary, s.secondary} {
+		if m != nil {
+			keep[m.vmi.Name] = true
+		}
+	}
+	var out []string
+	for _, id := range append(slices.Clone(s.record.members), add...) {
+		if _, vmi := ftv1.SplitIdentity(id); (keep[vmi] || slices.Contains(add, id)) && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // setOrDelete sets annotation key to value, or removes it when value is "".

@@ -85,7 +85,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config, limits placement.L
 		Clock:     clock.RealClock{},
 		Placer: &Placer{Nodes: nodes, Members: members, Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			Defaults: limits, AssumeTTL: 2 * time.Minute, RequireLockstepd: cfg.Member.COLO.Enabled, LockstepdNamespace: cfg.LockstepdNamespace, Leases: leases,
-			Requests: requests, Sightings: sightings},
+			Requests: requests, Sightings: sightings, Sizing: &KubeVirtSizing{Reader: mgr.GetAPIReader()}},
 		Config:    cfg,
 		Sightings: sightings,
 	}

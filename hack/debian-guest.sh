@@ -97,8 +97,12 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO lockstep" ;;
     echo "$sql" | LC_ALL=C chroot --userspec="$uid:$uid" "$tree" /usr/lib/postgresql/15/bin/postgres --single \
       -D /var/lib/postgresql/15/main -c config_file=$pg/postgresql.conf -c dynamic_shared_memory_type=mmap "$db" >&2
   done
+  # The mailbox is locked with fcntl alone, which dies with the guest. Debian's default adds a
+  # dotlock file, which a guest that stops hard (a restart from its disks) leaves behind on disk
+  # (its creation committed by the mailbox's fsync, its removal not): local delivery then defers
+  # every message until the lock is stale_lock_time (500 s) old.
   in_root postconf -e 'inet_interfaces = all' 'inet_protocols = ipv4' 'mydestination = localhost' \
-    'myhostname = localhost' 'mailbox_size_limit = 0'
+    'myhostname = localhost' 'mailbox_size_limit = 0' 'mailbox_delivery_lock = fcntl'
   in_root useradd --create-home --shell /usr/sbin/nologin mailbox
   install -m 0755 "$CONF/lockstep-data" "$tree/usr/local/sbin/lockstep-data"
   install -m 0644 "$CONF/lockstep-data.service" "$tree/etc/systemd/system/lockstep-data.service"

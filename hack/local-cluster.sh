@@ -33,6 +33,11 @@
 #                                           loses the API server, its kubelet sees nothing (what is
 #                                           deleted meanwhile runs on until healed); the VM and
 #                                           logging networks stay up
+#   hack/local-cluster.sh skew-clock NAME SECONDS
+#                                           FULL_STACK: the host's clock is SECONDS off (0: right):
+#                                           its lockstepd restarts on a wall clock that far off
+#                                           (hack/skewclock.sh; the host's other programs keep
+#                                           the machine's clock)
 #   hack/local-cluster.sh partition-node NAME | heal-node NAME
 #                                           FULL_STACK: cut (restore) the node's logging link
 #   hack/local-cluster.sh netns client|NODE print a namespace's name (FULL_STACK)
@@ -102,6 +107,7 @@ up() {
     "$ROOT/hack/debian-guest.sh" >/dev/null
     "$ROOT/hack/libvirt.sh" >/dev/null
     (cd "$ROOT" && go build -o bin/lockstepd ./cmd/lockstepd &&
+      mkdir -p bin/skewclock && hack/skewclock.sh bin/skewclock/lockstepd ./cmd/lockstepd &&
       go build -o bin/lockstep-kubevirt-hook ./cmd/lockstep-kubevirt-hook &&
       go build -o bin/counter-client ./test/counter/cmd/counter-client &&
       go build -o bin/kubectl-ftvm ./cmd/kubectl-ftvm)
@@ -188,6 +194,21 @@ wait_hosts() {
   done
   echo ">> the hosts of ${missing[*]} are not up after 2 minutes: see $RUN_DIR/kubevirt-double.log" >&2
   exit 1
+}
+
+# skew_clock NODE SECONDS: the host's clock is SECONDS off from now on (0: right again). Its
+# lockstepd restarts, as the kubelet restarts a container that exited, and reads the clock then.
+skew_clock() {
+  full_stack || { echo "skew-clock needs FULL_STACK=1" >&2; exit 2; }
+  [[ "$2" =~ ^[-+]?[0-9]+$ ]] || { echo "skew-clock $1 $2: SECONDS is a whole number" >&2; exit 2; }
+  local file="$HOSTS_DIR/$1.clock-skew"
+  [ "$(cat "$file" 2>/dev/null || echo 0)" = "$2" ] && return 0 # already so: nothing restarts
+  echo "$2" >"$file"
+  local pid
+  for pid in $(ip netns pids "${NAME}_$1" 2>/dev/null); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = lockstepd ] && kill -TERM "$pid"
+  done
+  return 0
 }
 
 full_stack() { [ -n "${FULL_STACK:-}" ] && [ "${FULL_STACK}" != 0 ]; }
@@ -280,7 +301,7 @@ start() {
       # --eviction-webhook-port: virt-api's eviction interceptor (kubectl drain of a launcher pod).
       cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH" --eviction-webhook-port "${EVICTION_WEBHOOK_PORT:-9445}")
       if full_stack; then
-        cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd"
+        cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd" --lockstepd-skew-clock "$ROOT/bin/skewclock/lockstepd"
           --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")"
           --images "$QEMU_ARCHIVE")
       fi ;;
@@ -463,7 +484,7 @@ down() {
 
 usage() {
   echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node NAME... | revive-node|silence-node NAME | pid NAME" \
-    "| partition-node|heal-node NAME | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double | helm ARGS..." >&2
+    "| partition-node|heal-node NAME | cut-api|heal-api NAME | skew-clock NAME SECONDS | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double|COMPONENT | helm ARGS..." >&2
   exit 2
 }
 
@@ -476,6 +497,7 @@ case "${1:-}" in
   revive-node) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
   silence-node) set_lease_holder "$2" lockstep-silenced-node ;;
   cut-api) set_lease_holder "$2" lockstep-cut-node ;;
+  skew-clock) skew_clock "$2" "$3" ;;
   heal-api) kubectl -n kube-node-lease delete lease "$2" --ignore-not-found >/dev/null ;;
   partition-node) logging_link "$2" down ;;
   heal-node) logging_link "$2" up ;;
@@ -483,7 +505,7 @@ case "${1:-}" in
   start) start "$2" ;;
   stop) stop "$2" TERM ;;
   kill) stop "$2" KILL ;;
-  logs) echo "$RUN_DIR/$2.log" ;;
+  logs) case "$2" in operator|kubevirt-double) echo "$RUN_DIR/$2.log" ;; *) echo "$CLUSTER_DIR/logs/$2.log" ;; esac ;;
   pid) pid_of "$2" ;;
   helm) shift; helm "$@" ;;
   *) usage ;;

@@ -38,6 +38,11 @@ const (
 	// which have not proved healthy since (JSON: node → what the operator saw of it then): no new
 	// member of the pair goes there meanwhile. Written before the member is let go.
 	AnnotationSuspectNodes = "ft.lockstep.dev/suspect-nodes"
+	// AnnotationMembers lists the identities ("<node>/<vmi>", comma-separated) of the pair's
+	// members and the nodes the operator placed them on, written before each is created. Only
+	// the operator writes it: lockstepd's admission policy lets a lockstepd move the record only
+	// to a member listed here on its own node, so a node cannot name another node's member.
+	AnnotationMembers = "ft.lockstep.dev/members"
 )
 
 // RecordName is the name of a pair's record (its Lease).

@@ -23,8 +23,10 @@ import (
 // +kubebuilder:webhook:path=/mutate-ft-lockstep-dev-v1alpha1-faulttolerantvm,mutating=true,failurePolicy=fail,sideEffects=None,groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=create;update,versions=v1alpha1,name=mfaulttolerantvm.ft.lockstep.dev,admissionReviewVersions=v1,timeoutSeconds=10,reinvocationPolicy=Never
 // +kubebuilder:webhook:path=/validate-ft-lockstep-dev-v1alpha1-faulttolerantvm,mutating=false,failurePolicy=fail,sideEffects=None,groups=ft.lockstep.dev,resources=faulttolerantvms,verbs=create;update,versions=v1alpha1,name=vfaulttolerantvm.ft.lockstep.dev,admissionReviewVersions=v1,timeoutSeconds=10
 
-// The webhook reads nodes (their FT limits and capacity) and logging networks.
+// The webhook reads nodes (their FT limits and capacity), logging networks, and the VM's
+// namespace (its Pod Security level).
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 // +kubebuilder:rbac:groups=k8s.cni.cncf.io,resources=network-attachment-definitions,verbs=get;list;watch
 
 // FaultTolerantVMDefaulter sets the spec's defaults (ftv1.Default).
@@ -43,7 +45,7 @@ type FaultTolerantVMValidator struct {
 	// Reader reads nodes and logging networks (the operator's cache).
 	Reader client.Reader
 	// Claims reads the claims the template names (the API server: the operator caches only its
-	// own). Nil skips the check.
+	// own). Nil skips the check. It reads the VM's namespace too.
 	Claims client.Reader
 	// Limits are the cluster's FT limits, which nodes' annotations override.
 	Limits placement.Limits
@@ -78,6 +80,11 @@ func (v *FaultTolerantVMValidator) ValidateCreate(ctx context.Context, ftvm *ftv
 		return nil, err
 	}
 	errs = append(errs, adoptErrs...)
+	podSecurityErrs, err := v.podSecurity(ctx, ftvm)
+	if err != nil {
+		return nil, err
+	}
+	errs = append(errs, podSecurityErrs...)
 	warnings = append(warnings, validation.ExpectedLoadWarnings(ftvm, v.COLO)...)
 	return append(warnings, roomWarnings...), invalid(ftvm, append(errs, roomErrs...))
 }
@@ -97,6 +104,28 @@ func (v *FaultTolerantVMValidator) adoptedOnce(ctx context.Context, ftvm *ftv1.F
 			return field.ErrorList{field.Forbidden(field.NewPath("spec", "adoptFrom", "virtualMachineName"),
 				fmt.Sprintf("FaultTolerantVM %s adopts VirtualMachine %s already", other.Name, other.Spec.AdoptFrom.VirtualMachineName))}, nil
 		}
+	}
+	return nil, nil
+}
+
+// podSecurity refuses a VM whose namespace enforces a Pod Security level under which its members'
+// launcher pods could not be created: each mounts its member directory from the node (a hostPath,
+// config/kubevirt), which the baseline and restricted levels refuse. Admitted, the VM would wait
+// for members that never start.
+func (v *FaultTolerantVMValidator) podSecurity(ctx context.Context, ftvm *ftv1.FaultTolerantVM) (field.ErrorList, error) {
+	if v.Claims == nil {
+		return nil, nil
+	}
+	var ns corev1.Namespace
+	err := v.Claims.Get(ctx, types.NamespacedName{Name: ftvm.Namespace}, &ns)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil // the API server refuses an object in a namespace that does not exist
+	case err != nil:
+		return nil, fmt.Errorf("reading namespace %s: %w", ftvm.Namespace, err)
+	}
+	if why := validation.PodSecurityProblem(ns.Labels); why != "" {
+		return field.ErrorList{field.Forbidden(field.NewPath("metadata", "namespace"), why)}, nil
 	}
 	return nil, nil
 }

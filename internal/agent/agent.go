@@ -12,6 +12,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"time"
@@ -227,7 +228,12 @@ func (a *Agent) post(ctx context.Context, fn func()) {
 	}
 }
 
-// SetPeer tells the agent where the other member is; a primary without a secondary connects to it.
+// SetPeer tells the agent where the other member is; a primary without a secondary connects to
+// it. A protected primary told of another secondary than the one it streams to claims the pair
+// from that one first, as from a secondary that broke, and then protects into the new one: the
+// operator makes a new secondary only once it let the old one go (a pair has one at a time), and
+// a secondary it let go may run on where its node cannot hear that (cut from the API server), so
+// that the VM would rest on a member that is no longer the pair's.
 func (a *Agent) SetPeer(ctx context.Context, p Peer) {
 	if ps, ok := a.vm.(engine.PeerSetter); ok {
 		ps.SetPeer(engine.Peer{Member: p.VMI, Node: p.Node, StreamAddr: p.StreamAddr, ReplicaOf: p.ReplicaOf})
@@ -235,7 +241,16 @@ func (a *Agent) SetPeer(ctx context.Context, p Peer) {
 	a.post(ctx, func() {
 		a.mu.Lock()
 		a.peer = p
+		old := ""
+		if a.out != nil {
+			old = a.out.peer.VMI
+		}
+		replaced := a.side.State == failover.Protected && old != "" && p.VMI != "" && p.VMI != old
 		a.mu.Unlock()
+		if replaced {
+			a.on(ctx, failover.SecondaryDropped, fmt.Sprintf("the operator replaced secondary %s with %s", old, p.VMI))
+			return // a claim won starts the new log (StartSecondary)
+		}
 		a.connectPeer(ctx)
 	})
 }

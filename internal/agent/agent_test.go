@@ -247,7 +247,9 @@ func (u *unprotecting) Streams() engine.StreamStats {
 	return engine.StreamStats{Bytes: 1 << 30, Interval: 2 * time.Second}
 }
 
-func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
+// protectedWithStreams is a protected pair whose primary "a" runs an unprotecting engine.
+func protectedWithStreams(t *testing.T) (*pair, *unprotecting) {
+	t.Helper()
 	p := newPair(t)
 	var eng *unprotecting
 	p.wrap = map[string]func(*vmdouble.Counter) engine.Engine{"a": func(c *vmdouble.Counter) engine.Engine {
@@ -255,6 +257,11 @@ func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
 		return eng
 	}}
 	p.protect(t)
+	return p, eng
+}
+
+func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
+	p, eng := protectedWithStreams(t)
 	if n := eng.unprotects.Load(); n != 0 {
 		t.Fatalf("Unprotect called %d times before any failure", n)
 	}
@@ -270,6 +277,27 @@ func TestPrimaryThatWinsAgainstASilentSecondaryUnprotects(t *testing.T) {
 			t.Fatalf("Unprotect called %d times after the primary won, want 1", eng.unprotects.Load())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// A protected primary told of a new secondary (the operator replaced the one it streams to, which
+// may still run where its node cannot hear that) claims the pair from the old one before it
+// protects into the new one: the old one, left silent, loses its claim and is fenced.
+func TestAProtectedPrimaryToldOfANewSecondaryClaimsFromTheOldOneFirst(t *testing.T) {
+	p, eng := protectedWithStreams(t)
+	c := p.start(t, "c", false, p.tlsB, nil)
+	c.agent.SetPeer(context.Background(), agent.Peer{VMI: "a", Node: "node-a"})
+	p.a.agent.SetPeer(context.Background(), agent.Peer{VMI: "c", Node: "node-c", Addr: c.ln.Addr().String()})
+	waitState(t, p.b, failover.Fenced)
+	waitState(t, p.a, failover.Protected)
+	if n := eng.unprotects.Load(); n != 1 {
+		t.Fatalf("Unprotect called %d times, want once: the protection with the old secondary ends", n)
+	}
+	if st := c.agent.Status(); !st.Synced || st.Epoch != 3 {
+		t.Fatalf("the new secondary: %+v, want synced at epoch 3 (the primary's claim from the old one)", st)
+	}
+	if h := p.lease.Holder(); h.Identity != "a" || h.Epoch != 3 {
+		t.Fatalf("the record: %+v, want the primary at epoch 3", h)
 	}
 }
 

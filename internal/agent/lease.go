@@ -85,33 +85,33 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 	}()
 }
 
+// ensureWithin reads the record (creating it when there is none) until a read goes through or
+// timeout passes.
 func ensureWithin(ctx context.Context, arb engine.Arbiter, timeout time.Duration) (engine.Holder, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		h, err := arb.Ensure(ctx)
-		if err == nil {
-			return h, nil
-		}
-		select {
-		case <-ctx.Done():
-			return engine.Holder{}, err
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return retryWithin(ctx, timeout, arb.Ensure, func(error) bool { return false })
 }
 
+// claimWithin claims the record until the arbiter decides (won, or ErrLost) or timeout passes.
 func claimWithin(ctx context.Context, arb engine.Arbiter, known uint64, timeout time.Duration) (uint64, error) {
+	claim := func(ctx context.Context) (uint64, error) { return arb.Claim(ctx, known) }
+	return retryWithin(ctx, timeout, claim, func(err error) bool { return errors.Is(err, engine.ErrLost) })
+}
+
+// retryWithin calls try every 100 ms until it succeeds, fails with an error final says is an
+// answer, or timeout passes (then it returns the last error): an API server that answers slowly
+// or not at all is asked again rather than taken for a loss.
+func retryWithin[T any](ctx context.Context, timeout time.Duration, try func(context.Context) (T, error), final func(error) bool) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		epoch, err := arb.Claim(ctx, known)
-		if err == nil || errors.Is(err, engine.ErrLost) {
-			return epoch, err
+		v, err := try(ctx)
+		if err == nil || final(err) {
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return 0, err
+			var zero T
+			return zero, err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

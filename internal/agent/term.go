@@ -45,7 +45,7 @@ func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
 	case failover.Replicating:
 		every = t.WitnessEvery()
 	case failover.Lapsed:
-		// Paused, it has a sixth of the term to find the API server back before its VM is
+		// Paused, it has a twelfth of the term to find the API server back before its VM is
 		// stopped: it tries several times in it.
 		every = t.HolderMargin() / 5
 	}
@@ -59,8 +59,8 @@ func (a *Agent) checkTerm(ctx context.Context, now time.Time) {
 		a.on(ctx, failover.TermLapsed, fmt.Sprintf("could not renew the pair's record for %s (term %s): the VM is paused until a renewal goes through",
 			now.Sub(renewed).Round(time.Millisecond), time.Duration(t)))
 	case st == failover.Lapsed && t.Ended(renewed, now):
-		a.on(ctx, failover.TermEnded, fmt.Sprintf("could not renew the pair's record for its whole term (%s): the VM is stopped, and starts elsewhere",
-			time.Duration(t)))
+		a.on(ctx, failover.TermEnded, fmt.Sprintf("could not renew the pair's record for %s of its term (%s): the VM is stopped, and starts elsewhere",
+			now.Sub(renewed).Round(time.Millisecond), time.Duration(t)))
 	}
 	if due {
 		if r, ok := a.renewalDue(now); ok {

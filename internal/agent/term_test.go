@@ -144,9 +144,9 @@ func TestAProtectedPrimaryCutFromTheRecordWithItsSecondaryPausesAndResumesProtec
 	}
 }
 
-// Paused for the rest of its term without a renewal, a side stops its VM, which would otherwise
-// keep the VM's disks from the copy the operator starts elsewhere; not before the term ended.
-func TestALapsedSideWhoseWholeTermPassesIsStopped(t *testing.T) {
+// Paused until its term runs out (internal/term's StopAt) without a renewal, a side stops its VM,
+// which would otherwise keep the VM's disks from the copy the operator starts elsewhere; not before.
+func TestALapsedSideWhoseTermRunsOutIsStopped(t *testing.T) {
 	p := newPair(t)
 	p.term = testTerm
 	a := p.start(t, "a", true, p.tlsA, nil)
@@ -154,10 +154,10 @@ func TestALapsedSideWhoseWholeTermPassesIsStopped(t *testing.T) {
 	p.cutUntilLapsed(t, a, "a")
 	waitState(t, a, failover.Fenced)
 	st := a.agent.Status()
-	if end := st.RenewedAt.Add(time.Duration(testTerm)); st.Since.Before(end) {
-		t.Fatalf("stopped %s after its last renewal, before its term (%s) ended", st.Since.Sub(st.RenewedAt), time.Duration(testTerm))
+	if end := testTerm.StopAt(st.RenewedAt); st.Since.Before(end) {
+		t.Fatalf("stopped %s after its last renewal, before its term (%s) ran out", st.Since.Sub(st.RenewedAt), time.Duration(testTerm))
 	}
-	if !strings.Contains(st.Message, "whole term") {
+	if !strings.Contains(st.Message, "of its term") {
 		t.Fatalf("fenced with %q, want it to say its term ended", st.Message)
 	}
 }

@@ -12,7 +12,7 @@
 // one that could not renew within the term stops releasing output and pauses its VM (Lapsed)
 // before the operator, which waits out the term on its own clock, may start the VM elsewhere. A
 // renewal that goes through again resumes it; one that finds the record moved on fences it, as
-// does the end of its whole term without one.
+// does the end of its term without one (internal/term's StopAt).
 package failover
 
 import "fmt"
@@ -71,9 +71,9 @@ const (
 	// RecordMoved: a renewal found the record held by another member or at a newer epoch: the
 	// VM runs, or is to run, elsewhere.
 	RecordMoved
-	// TermEnded: a lapsed side's whole term passed without a renewal: from now on the operator
-	// may start the VM elsewhere, and a paused VM would keep its disks (their locks, their
-	// attachments) from the copy that starts there.
+	// TermEnded: a lapsed side's term ran out without a renewal (T - T/12, internal/term): the
+	// operator may soon start the VM elsewhere, and a paused VM would keep its disks (their locks,
+	// their attachments) from the copy that starts there.
 	TermEnded
 )
 

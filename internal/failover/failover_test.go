@@ -133,7 +133,7 @@ func TestWhatEachSideDoes(t *testing.T) {
 		{"a lapsed protected primary renewed waits for acknowledgements", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryJoined, TermLapsed, Renewed}, Protected, []Action{Resume, ReleaseAcked}},
 		{"a lapsed side whose secondary joined before the lapse resumes protected", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, SecondaryJoined, Renewed}, Protected, []Action{Resume, ReleaseAcked}},
 		{"a lapsed side whose record moved is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, RecordMoved}, Fenced, []Action{Fence}},
-		{"a lapsed side whose whole term ended is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, TermEnded}, Fenced, []Action{Fence}},
+		{"a lapsed side whose term ran out is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, TermLapsed, TermEnded}, Fenced, []Action{Fence}},
 		{"the end of a term fences only a lapsed side", NewPrimary(), []Event{PeerSilent, ClaimWon, TermEnded}, Alone, nil},
 		{"a running side whose record moved is fenced", NewPrimary(), []Event{PeerSilent, ClaimWon, RecordMoved}, Fenced, []Action{Fence}},
 		{"a lapsed side does not claim from a silent peer", NewPrimary(), []Event{PeerSilent, ClaimWon, SecondaryJoined, TermLapsed, PeerSilent}, Lapsed, nil},

@@ -68,7 +68,7 @@ func TestLauncherMemoryIsKubeVirts(t *testing.T) {
 		{"no memory at all", vmi(func(*virtv1.VirtualMachineInstanceSpec) {}), "", "", "", "sets neither"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			request, limit, err := kubevirtsize.LauncherMemory(c.vmi)
+			request, limit, err := kubevirtsize.LauncherMemory(c.vmi, kubevirtsize.Cluster{})
 			if c.reason != "" {
 				if err == nil {
 					t.Fatalf("got %s/%s, want an error", request.String(), limit.String())
@@ -78,7 +78,7 @@ func TestLauncherMemoryIsKubeVirts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			overhead := kubevirtsize.Overhead(c.vmi)
+			overhead := kubevirtsize.Overhead(c.vmi, kubevirtsize.Cluster{})
 			// Page tables are counted in bytes: compare in whole MiB, as KubeVirt's figures are.
 			if got := overhead.Value() >> 20; got != mib(c.overhead) {
 				t.Errorf("overhead %dMi, want %s", got, c.overhead)
@@ -118,7 +118,7 @@ func builtMember(t *testing.T, role string) *virtv1.VirtualMachineInstance {
 func TestAMemberIsPlacedAtTheSizeItIsBuilt(t *testing.T) {
 	for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
 		vmi := builtMember(t, role)
-		cpu, memory, err := kubevirtsize.LauncherRequests(vmi)
+		cpu, memory, err := kubevirtsize.LauncherRequests(vmi, kubevirtsize.Cluster{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestAMemberIsPlacedAtTheSizeItIsBuilt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantCPU, wantMemory, err := member.LauncherRequests(tmpl, role, member.Options{COLO: member.COLO{Enabled: true}})
+		wantCPU, wantMemory, err := member.LauncherRequests(tmpl, role, member.Options{COLO: member.COLO{Enabled: true}}, kubevirtsize.Cluster{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,10 +137,69 @@ func TestAMemberIsPlacedAtTheSizeItIsBuilt(t *testing.T) {
 			t.Errorf("%s: %dm CPU, want its 2 vCPUs in full", role, cpu)
 		}
 		if role == ftv1.RoleSecondary {
-			primaryCPU, primaryMemory, _ := kubevirtsize.LauncherRequests(builtMember(t, ftv1.RolePrimary))
+			primaryCPU, primaryMemory, _ := kubevirtsize.LauncherRequests(builtMember(t, ftv1.RolePrimary), kubevirtsize.Cluster{})
 			if memory-primaryMemory < 512<<20 || cpu != primaryCPU {
 				t.Errorf("a COLO secondary holds its RAM cache: %d MiB against its primary's %d MiB", memory>>20, primaryMemory>>20)
 			}
 		}
+	}
+}
+
+// TestTheKubeVirtCRChangesTheOverheadAsKubeVirtDoes: what a cluster's KubeVirt CR and
+// architecture add to the overhead of a VMI that requests 1Gi (270Mi with none of it), as v1.9's
+// CalculateMemoryOverhead computes it: the ratio multiplies the hypervisor's share last (in
+// thousands of bytes); passt and the binding plugins come after, each plugin once.
+func TestTheKubeVirtCRChangesTheOverheadAsKubeVirtDoes(t *testing.T) {
+	ratio := func(r string) *string { return &r }
+	plugin := func(memory string) virtv1.InterfaceBindingPlugin {
+		return virtv1.InterfaceBindingPlugin{ComputeResourceOverhead: &virtv1.ResourceRequirementsWithoutClaims{
+			Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memory)}}}
+	}
+	kv := func(r *string, bindings map[string]virtv1.InterfaceBindingPlugin) *virtv1.KubeVirt {
+		k := &virtv1.KubeVirt{}
+		k.Spec.Configuration.AdditionalGuestMemoryOverheadRatio = r
+		if bindings != nil {
+			k.Spec.Configuration.NetworkConfiguration = &virtv1.NetworkConfiguration{Binding: bindings}
+		}
+		return k
+	}
+	bindings := map[string]virtv1.InterfaceBindingPlugin{"managedtap": plugin("100Mi"), "sidecar": {}}
+	for _, c := range []struct {
+		name       string
+		kv         *virtv1.KubeVirt
+		arch       string // the cluster's
+		vmiArch    string
+		interfaces []virtv1.Interface
+		want       int64 // MiB
+	}{
+		{"no KubeVirt CR", nil, "amd64", "", nil, 270},
+		{"a CR that sets nothing", kv(nil, nil), "amd64", "", nil, 270},
+		{"ratio 2", kv(ratio("2"), nil), "amd64", "", nil, 540},
+		{"ratio 1.5", kv(ratio("1.5"), nil), "amd64", "", nil, 405},
+		{"a ratio KubeVirt's webhook would refuse is left out", kv(ratio("lots"), nil), "amd64", "", nil, 270},
+		{"passt, after the ratio", kv(ratio("2"), nil), "amd64", "", []virtv1.Interface{{Name: "a", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{PasstBinding: &virtv1.InterfacePasstBinding{}}}}, 790},
+		{"a binding plugin counted once, one without an overhead, one not registered", kv(nil, bindings), "amd64", "", []virtv1.Interface{
+			{Name: "a", Binding: &virtv1.PluginBinding{Name: "managedtap"}}, {Name: "b", Binding: &virtv1.PluginBinding{Name: "managedtap"}},
+			{Name: "c", Binding: &virtv1.PluginBinding{Name: "sidecar"}}, {Name: "d", Binding: &virtv1.PluginBinding{Name: "unknown"}}}, 370},
+		{"an arm64 VMI: UEFI's flash", nil, "amd64", "arm64", nil, 398},
+		{"on an arm64 cluster, a VMI that names no architecture", nil, "arm64", "", nil, 398},
+		{"on an arm64 cluster, an amd64 VMI", nil, "arm64", "amd64", nil, 270},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			vmi := &virtv1.VirtualMachineInstance{}
+			vmi.Spec.Architecture = c.vmiArch
+			vmi.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
+			vmi.Spec.Domain.Devices.Interfaces = c.interfaces
+			o := kubevirtsize.Overhead(vmi, kubevirtsize.ClusterOf(c.kv, c.arch))
+			if got := o.Value() >> 20; got != c.want {
+				t.Errorf("overhead %dMi (%d bytes), want %dMi", got, o.Value(), c.want)
+			}
+		})
+	}
+	if c := kubevirtsize.ClusterOfList(nil, "amd64"); c.OverheadRatio != nil || c.Arch != "amd64" {
+		t.Errorf("a cluster without a KubeVirt CR: %+v", c)
+	}
+	if c := kubevirtsize.ClusterOfList([]virtv1.KubeVirt{*kv(ratio("3"), nil)}, "amd64"); c.OverheadRatio == nil || *c.OverheadRatio != "3" {
+		t.Errorf("the cluster's KubeVirt CR: %+v", c)
 	}
 }

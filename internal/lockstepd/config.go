@@ -38,6 +38,9 @@ type Config struct {
 	// member's directory and the sockets it makes there: KubeVirt's launcher runs QEMU as 107
 	// (its non-root default); empty where QEMU runs as root (KubeVirt's Root feature gate).
 	LauncherUser string
+	// MemberDirLabel is the SELinux label of the members' directories where the node runs
+	// SELinux ("": left as made).
+	MemberDirLabel string
 	// CertFile, KeyFile and CAFile are the node's certificate, its key and the CA that signs
 	// every node's. Files are read again when they change.
 	CertFile, KeyFile, CAFile string
@@ -92,6 +95,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.StreamAdvertiseAddress, "stream-advertise-address", "", "ip:port peers dial for this node's streams (default: the --advertise-address host with the --stream-listen-address port).")
 	fs.StringVar(&c.RunDir, "run-dir", "/var/run/lockstep", "Directory of the members' directories (<run-dir>/<vmi-uid>/), shared with their launchers; keep it short: Unix socket paths end at 107 bytes.")
 	fs.StringVar(&c.LauncherUser, "launcher-user", "107:107", "uid:gid the members' QEMU runs as (KubeVirt's non-root launcher: 107:107), given each member's directory and lockstepd's sockets there; empty when QEMU runs as root.")
+	fs.StringVar(&c.MemberDirLabel, "member-dir-selinux-label", DefaultMemberDirLabel, "SELinux label each member's directory gets where the node runs SELinux, so that the launcher's QEMU (container_t) may use it (empty: left as made, under --run-dir's label).")
 	fs.StringVar(&c.CertFile, "tls-cert-file", "/var/lib/lockstepd/pki/tls.crt", "The node's certificate (PEM); its common name must be system:lockstepd:<node-name>.")
 	fs.StringVar(&c.KeyFile, "tls-key-file", "/var/lib/lockstepd/pki/tls.key", "The node's private key (PEM).")
 	fs.StringVar(&c.CAFile, "tls-ca-file", "/etc/lockstepd/ca/ca.crt", "The CA that signs every lockstepd's certificate (PEM; the operator publishes it in the ConfigMap lockstepd-ca).")
@@ -101,7 +105,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "timeout", channel.DefaultTimeout, "Silence after which a connection is dropped and reopened.")
 	fs.DurationVar(&c.Detect, "detect", 500*time.Millisecond, "Silence of the peer after which a side claims the pair's Lease.")
 	fs.DurationVar(&c.ClaimTimeout, "claim-timeout", 5*time.Second, "How long a side tries to reach the Lease before it fences itself.")
-	fs.DurationVar(&c.RecordTerm, "record-term", term.Default, "Term of the pair's record (a lease): the side that runs the VM renews it every fifth of it, and pauses its VM when it could not renew for five sixths of it; the operator starts the VM elsewhere only once a whole term (and 2% and 2 s) passed without a renewal.")
+	fs.DurationVar(&c.RecordTerm, "record-term", term.Default, "Term of the pair's record (a lease): the side that runs the VM renews it every fifth of it, and pauses its VM when it could not renew for five sixths of it (stops it at eleven twelfths); the operator starts the VM elsewhere only once a whole term (and 2% and 2 s) passed without a renewal.")
 	fs.DurationVar(&c.StatusInterval, "status-interval", 5*time.Second, "How often a pair's FaultTolerantVM status is refreshed (state changes are reported at once).")
 	fs.IntVar(&c.WindowEntries, "window-entries", ftlog.DefaultWindow.Entries, "Flow control: unacknowledged entries before the primary waits.")
 	fs.IntVar(&c.WindowBytes, "window-bytes", ftlog.DefaultWindow.Bytes, "Flow control: unacknowledged bytes before the primary waits.")

@@ -318,7 +318,7 @@ func (d *Daemon) prepareDirs(vmis []virtv1.VirtualMachineInstance) []error {
 			(v.Labels[ftv1.LabelNode] != d.Config.NodeName && v.Status.NodeName != d.Config.NodeName) {
 			continue
 		}
-		if err := PrepareMemberDir(d.Config.MemberDir(MemberOf(v, d.Config.NodeName)), d.Config.LauncherOwner()); err != nil {
+		if err := PrepareMemberDir(d.Config.MemberDir(MemberOf(v, d.Config.NodeName)), d.Config.LauncherOwner(), d.Config.MemberDirLabel); err != nil {
 			errs = append(errs, fmt.Errorf("member %s: %w", v.Name, err))
 		}
 	}

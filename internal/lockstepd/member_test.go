@@ -3,9 +3,11 @@ package lockstepd
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	virtv1 "kubevirt.io/api/core/v1"
@@ -57,7 +59,7 @@ func TestAMemberDirectoryIsQEMUsUsers(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "0c4e2f1a")
 	for range 2 {
-		if err := PrepareMemberDir(dir, qemu); err != nil {
+		if err := PrepareMemberDir(dir, qemu, DefaultMemberDirLabel); err != nil {
 			t.Fatal(err)
 		}
 		check(dir, 107, 107)
@@ -66,12 +68,12 @@ func TestAMemberDirectoryIsQEMUsUsers(t *testing.T) {
 	if err := os.Mkdir(made, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := PrepareMemberDir(made, qemu); err != nil {
+	if err := PrepareMemberDir(made, qemu, DefaultMemberDirLabel); err != nil {
 		t.Fatal(err)
 	}
 	check(made, 107, 107)
 	root := filepath.Join(t.TempDir(), "qemu-as-root")
-	if err := PrepareMemberDir(root, nil); err != nil {
+	if err := PrepareMemberDir(root, nil, DefaultMemberDirLabel); err != nil {
 		t.Fatal(err)
 	}
 	check(root, 0, 0)
@@ -112,5 +114,53 @@ func TestTheDirectoriesOfMembersPlacedHereAreMadeBeforeTheyRun(t *testing.T) {
 		} else if got && st.Sys().(*syscall.Stat_t).Uid != 107 {
 			t.Errorf("%s is not QEMU's user's", uid)
 		}
+	}
+}
+
+// TestAMemberDirectoryIsLabelledForItsLauncherWhereSELinuxRuns: on a node that runs SELinux, a
+// member's directory gets the label the launcher's QEMU may use (the kernel stores it as the
+// directory's security.selinux attribute, which is what SELinux reads); elsewhere it gets none.
+// This machine runs no SELinux: the test points lockstepd's probe at a directory that stands for
+// the SELinux filesystem, and checks the attribute the kernel stored.
+func TestAMemberDirectoryIsLabelledForItsLauncherWhereSELinuxRuns(t *testing.T) {
+	label := func(dir string) string {
+		buf := make([]byte, 256)
+		n, err := unix.Lgetxattr(dir, "security.selinux", buf)
+		if err != nil {
+			return ""
+		}
+		return strings.TrimRight(string(buf[:n]), "\x00")
+	}
+	old := selinuxFS
+	t.Cleanup(func() { selinuxFS = old })
+
+	selinuxFS = filepath.Join(t.TempDir(), "no-selinux")
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := PrepareMemberDir(plain, nil, DefaultMemberDirLabel); err != nil {
+		t.Fatal(err)
+	}
+	if l := label(plain); l != "" {
+		t.Fatalf("labelled %q on a node without SELinux", l)
+	}
+
+	selinuxFS = t.TempDir()
+	if err := os.WriteFile(filepath.Join(selinuxFS, "enforce"), []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "0c4e2f1a")
+	for range 2 { // idempotent
+		if err := PrepareMemberDir(dir, nil, DefaultMemberDirLabel); err != nil {
+			t.Fatal(err)
+		}
+		if l := label(dir); l != DefaultMemberDirLabel {
+			t.Fatalf("the member's directory is labelled %q, want %q", l, DefaultMemberDirLabel)
+		}
+	}
+	unlabelled := filepath.Join(t.TempDir(), "unlabelled")
+	if err := PrepareMemberDir(unlabelled, nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	if l := label(unlabelled); l != "" {
+		t.Fatalf("--member-dir-selinux-label empty, yet labelled %q", l)
 	}
 }

@@ -126,11 +126,15 @@ func (n *Node) Dir(m MemberSpec) string { return n.Config.MemberDir(m) }
 // PrepareMemberDir makes a member's directory, which the member's launcher pod mounts (a hostPath
 // that must exist: the pod waits for lockstepd to make it), and gives it to the user its QEMU
 // runs as, who makes its sockets there (lockstepd's QMP monitor, the secondary's incoming
-// migration). Only that user and lockstepd reach it (0700). It is idempotent: a directory that is
-// there already (lockstepd restarted, or a launcher made it) is given to the user again.
-func PrepareMemberDir(dir string, owner *relay.Owner) error {
+// migration). Only that user and lockstepd reach it (0700). Where the node runs SELinux it gets
+// selinuxLabel ("": as it is), which the launcher's QEMU may use. It is idempotent: a directory
+// that is there already (lockstepd restarted, or a launcher made it) is given to the user again.
+func PrepareMemberDir(dir string, owner *relay.Owner, selinuxLabel string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("the member's directory: %w", err)
+	}
+	if err := labelMemberDir(dir, selinuxLabel); err != nil {
+		return err
 	}
 	if owner == nil {
 		return nil
@@ -185,7 +189,7 @@ func (m *Member) Err() error {
 func (n *Node) StartMember(ctx context.Context, spec MemberSpec, arb engine.Arbiter, log logr.Logger, onChange func()) (*Member, error) {
 	n.init()
 	owner := n.Config.LauncherOwner()
-	if err := PrepareMemberDir(n.Dir(spec), owner); err != nil {
+	if err := PrepareMemberDir(n.Dir(spec), owner, n.Config.MemberDirLabel); err != nil {
 		return nil, err
 	}
 	vm, err := n.NewEngine(EngineEnv{Member: spec, Dir: n.Dir(spec), Owner: owner, Relay: n.relay, TLS: n.TLS, Dial: n.Dial, Log: log})

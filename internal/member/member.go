@@ -255,11 +255,12 @@ func reserve(spec *virtv1.VirtualMachineInstanceSpec, role string, opts Options)
 }
 
 // LauncherRequests is what the launcher pod of a member built from tmpl in role will request of
-// its node (kubevirtsize), reserved as Build reserves it.
-func LauncherRequests(tmpl ftv1.VMITemplate, role string, opts Options) (milliCPU, memoryBytes int64, err error) {
+// its node in a cluster whose KubeVirt sizes launchers as sizing says (kubevirtsize), reserved as
+// Build reserves it.
+func LauncherRequests(tmpl ftv1.VMITemplate, role string, opts Options, sizing kubevirtsize.Cluster) (milliCPU, memoryBytes int64, err error) {
 	vmi := &virtv1.VirtualMachineInstance{Spec: *tmpl.Spec.DeepCopy()}
 	reserve(&vmi.Spec, role, opts)
-	return kubevirtsize.LauncherRequests(vmi)
+	return kubevirtsize.LauncherRequests(vmi, sizing)
 }
 
 // GuestMemory is the memory the guest sees: memory.guest, else the memory request.

@@ -8,14 +8,16 @@
 //   - A holder renews every T/5. Each renewal is a compare-and-set on the record's holder and
 //     epoch; its start on the holder's clock is r.
 //   - A holder whose last renewal that went through started at r pauses its VM and releases
-//     nothing from r + T - T/6 on (its clock), unless a later renewal went through.
+//     nothing from r + T - T/6 on (its clock), unless a later renewal went through, and stops
+//     its VM from r + T - T/12 on.
 //   - The operator notes, on its clock, when it first saw each renewal (the record's holder,
 //     epoch and renewTime). It may move the record away from a holder it cannot see only once
 //     it has seen no new renewal for T·(1+ρ) + M: ρ bounds how much faster the holder's clock may
 //     run than the operator's, M covers the pause itself.
 //
-// The operator first sees a renewal after the holder started it, so the holder has paused by the
-// time the operator may act whatever the two clocks read; only their rates matter.
+// The operator first sees a renewal after the holder started it, so the holder has paused, and
+// stopped its VM T/12 + M before, by the time the operator may act whatever the two clocks read;
+// only their rates matter.
 package term
 
 import "time"
@@ -66,10 +68,16 @@ func (t Term) PauseAt(renewed time.Time) time.Time {
 // Lapsed says whether a holder whose last renewal started at renewed must be paused at now.
 func (t Term) Lapsed(renewed, now time.Time) bool { return !now.Before(t.PauseAt(renewed)) }
 
-// Ended says whether the whole term of a holder whose last renewal started at renewed has passed
-// at now: the holder stops its paused VM, which would otherwise keep the VM's disks from the
-// copy the operator may start elsewhere once it has waited (Wait) too.
-func (t Term) Ended(renewed, now time.Time) bool { return !now.Before(renewed.Add(time.Duration(t))) }
+// StopAt is when a paused holder whose last renewal started at renewed stops its VM: half its
+// margin before the term ends, so that the stopped QEMU has T/12 and the operator's margin M
+// (seconds, on a busy node) to let go of the VM's disks before the operator may start the VM
+// elsewhere (Wait); a paused QEMU would keep them from that copy.
+func (t Term) StopAt(renewed time.Time) time.Time {
+	return renewed.Add(time.Duration(t) - t.HolderMargin()/2)
+}
+
+// Ended says whether a holder whose last renewal started at renewed must have stopped its VM at now.
+func (t Term) Ended(renewed, now time.Time) bool { return !now.Before(t.StopAt(renewed)) }
 
 // Wait is how long the operator waits after it first saw a renewal before the holder counts as
 // paused.

@@ -268,3 +268,18 @@ func TestValidateRoom(t *testing.T) {
 		})
 	}
 }
+
+func TestPodSecurityLevelsThatRefuseMembers(t *testing.T) {
+	for labels, refused := range map[string]bool{"": false, "privileged": false, "baseline": true, "restricted": true} {
+		l := map[string]string{}
+		if labels != "" {
+			l["pod-security.kubernetes.io/enforce"] = labels
+		}
+		if got := PodSecurityProblem(l) != ""; got != refused {
+			t.Errorf("enforce %q: refused %v, want %v (%s)", labels, got, refused, PodSecurityProblem(l))
+		}
+	}
+	if why := PodSecurityProblem(map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}); !strings.Contains(why, "pod-security.kubernetes.io/enforce=privileged") {
+		t.Errorf("the error must say what to change: %s", why)
+	}
+}

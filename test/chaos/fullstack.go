@@ -18,7 +18,17 @@ const (
 	PartitionLogging Action = "partition-logging" // the member's node loses its logging link for Hold
 	KillMemberNode   Action = "kill-member-node"  // the member's node dies (revived once the VM is Protected again)
 	CutAPI           Action = "cut-api"           // the member's node is cut from the control plane for Hold (hack/local-cluster.sh cut-api)
+	SkewClock        Action = "skew-clock"        // the member's node's clock goes Skew off, and stays so (hack/local-cluster.sh skew-clock)
 )
+
+// FullStackFaults are the faults a full-stack schedule draws beyond those it always drew: a seed
+// without them draws the schedule it drew before they were added.
+type FullStackFaults struct {
+	// CutAPI: a member's node cut from the control plane for a while.
+	CutAPI bool
+	// ClockSkew: a member's node's clock set one to four minutes off, either way.
+	ClockSkew bool
+}
 
 // The roles a full-stack step targets.
 const (
@@ -27,10 +37,10 @@ const (
 )
 
 // FullStackSchedule draws steps from seed: every action of the full-stack tier, against either
-// member, with the operator's kills among them; cut-api steps only with cutAPI (without, a seed
-// draws the schedule it drew before cut-api was added).
-func FullStackSchedule(seed uint64, steps int, cutAPI bool) []Step {
+// member, with the operator's kills among them, and the faults asked for.
+func FullStackSchedule(seed uint64, steps int, faults FullStackFaults) []Step {
 	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
+	skews := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
 	role := func() string {
 		if r.IntN(2) == 0 {
 			return TargetPrimary
@@ -42,7 +52,7 @@ func FullStackSchedule(seed uint64, steps int, cutAPI bool) []Step {
 	for len(out) < steps {
 		var s Step
 		x := r.IntN(100)
-		if !cutAPI {
+		if !faults.CutAPI {
 			x = withoutCutAPI(x)
 		}
 		switch {
@@ -60,6 +70,17 @@ func FullStackSchedule(seed uint64, steps int, cutAPI bool) []Step {
 			s = Step{Action: CutAPI, Target: role(), Hold: hold(5*time.Second, 45*time.Second)}
 		default:
 			s = Step{Action: KillOperator, Hold: hold(500*time.Millisecond, 5*time.Second)}
+		}
+		// From a stream of its own, so that asking for it changes only the steps it takes.
+		if faults.ClockSkew && skews.IntN(100) < 12 {
+			skew := time.Minute + time.Duration(skews.Int64N(int64(3*time.Minute))).Truncate(time.Second)
+			if skews.IntN(2) == 0 {
+				skew = -skew
+			}
+			s = Step{Action: SkewClock, Target: TargetPrimary, Skew: skew}
+			if skews.IntN(2) == 0 {
+				s.Target = TargetSecondary
+			}
 		}
 		s.N = len(out) + 1
 		out = append(out, s)

@@ -40,6 +40,8 @@ type Step struct {
 	VCPUs int
 	// Hold is how long a flap lasts, how long the operator stays dead, or how long to wait.
 	Hold time.Duration
+	// Skew is how far a clock is set off (skew-clock).
+	Skew time.Duration
 }
 
 func (s Step) String() string {
@@ -52,6 +54,9 @@ func (s Step) String() string {
 	}
 	if s.Hold > 0 {
 		out += " " + s.Hold.String()
+	}
+	if s.Skew != 0 {
+		out += fmt.Sprintf(" clock %+ds", int(s.Skew.Seconds()))
 	}
 	return out
 }

@@ -52,11 +52,11 @@ func TestAShorterScheduleIsTheLongersStart(t *testing.T) {
 }
 
 func TestFullStackScheduleIsTheSeeds(t *testing.T) {
-	a, b := FullStackSchedule(7, 100, true), FullStackSchedule(7, 100, true)
+	a, b := FullStackSchedule(7, 100, all), FullStackSchedule(7, 100, all)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("the same seed gave two schedules")
 	}
-	if reflect.DeepEqual(a, FullStackSchedule(8, 100, true)) {
+	if reflect.DeepEqual(a, FullStackSchedule(8, 100, all)) {
 		t.Fatal("two seeds gave one schedule")
 	}
 	seen := map[string]bool{}
@@ -68,24 +68,46 @@ func TestFullStackScheduleIsTheSeeds(t *testing.T) {
 		if (s.Action == PartitionLogging || s.Action == KillOperator || s.Action == CutAPI) != (s.Hold > 0) {
 			t.Fatalf("step %d: %s with hold %s", s.N, s.Action, s.Hold)
 		}
+		if (s.Action == SkewClock) != (s.Skew != 0) || s.Skew.Abs() > 4*time.Minute || s.Skew != 0 && s.Skew.Abs() < time.Minute {
+			t.Fatalf("step %d: %s with skew %s", s.N, s.Action, s.Skew)
+		}
+		if s.Skew < 0 {
+			seen["skew-clock behind"] = true
+		} else if s.Skew > 0 {
+			seen["skew-clock ahead"] = true
+		}
 	}
 	for _, want := range []string{"kill-qemu primary", "kill-qemu secondary", "kill-lockstepd primary", "kill-lockstepd secondary",
 		"partition-logging primary", "partition-logging secondary", "kill-member-node primary", "kill-member-node secondary",
-		"cut-api primary", "cut-api secondary", "kill-operator "} {
+		"cut-api primary", "cut-api secondary", "skew-clock primary", "skew-clock secondary", "skew-clock behind", "skew-clock ahead", "kill-operator "} {
 		if !seen[want] {
 			t.Errorf("100 steps of seed 7 have no %q", want)
 		}
 	}
 }
 
-// Without cut-api, a seed draws every other action, and no cut-api.
+// Without cut-api or skew-clock, a seed draws every other action, and neither; with cut-api
+// alone, the schedule it drew before skew-clock was added.
 func TestFullStackScheduleWithoutCutAPI(t *testing.T) {
 	seen := map[Action]bool{}
-	for _, s := range FullStackSchedule(7, 200, false) {
+	for _, s := range FullStackSchedule(7, 200, FullStackFaults{}) {
 		seen[s.Action] = true
 	}
-	if seen[CutAPI] {
-		t.Fatal("a schedule without cut-api has a cut-api step")
+	if seen[CutAPI] || seen[SkewClock] {
+		t.Fatal("a schedule without cut-api and skew-clock has one of them")
+	}
+	withCut := FullStackSchedule(7, 200, FullStackFaults{CutAPI: true})
+	withBoth := FullStackSchedule(7, 200, all)
+	same := 0
+	for i := range withCut {
+		if withCut[i] == withBoth[i] {
+			same++
+		} else if withBoth[i].Action != SkewClock {
+			t.Fatalf("step %d: %s with skew-clock asked for, %s without: only skew-clock steps may differ", i+1, withBoth[i], withCut[i])
+		}
+	}
+	if same == len(withCut) {
+		t.Fatal("asking for skew-clock changed no step")
 	}
 	for _, a := range []Action{KillQEMU, KillLockstepd, PartitionLogging, KillMemberNode, KillOperator} {
 		if !seen[a] {
@@ -93,6 +115,9 @@ func TestFullStackScheduleWithoutCutAPI(t *testing.T) {
 		}
 	}
 }
+
+// all asks for every fault a full-stack schedule can draw.
+var all = FullStackFaults{CutAPI: true, ClockSkew: true}
 
 func TestBudgetFromEnv(t *testing.T) {
 	for _, c := range []struct {

@@ -24,7 +24,8 @@ import (
 // TestEachLockstepdSpeaksOnlyForItsOwnNode applies config/lockstepd's RBAC and admission policy
 // to the real API server and acts as the lockstepd of one node, with a ServiceAccount token bound
 // to its pod (as the kubelet mounts it): the API server lets it change its own Node, the members
-// on its node and records that name them, and denies the same writes for another node's, with a
+// on its node and records that name them (only members the operator listed on the record as
+// placed on its node), and denies the same writes for another node's, with a
 // message that says why; and it writes only its own side's report in a FaultTolerantVM's status. A
 // token not bound to a pod is refused.
 func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
@@ -116,6 +117,41 @@ func TestEachLockstepdSpeaksOnlyForItsOwnNode(t *testing.T) {
 	denied("renewing another node's record in another's name", "only a member of its own node", renew(other+"/vm-on-b", 2, other+"/vm-on-b"))
 	denied("moving another node's record to another epoch", "only a member of its own node", renew(own+"/vm-on-a", 3, other+"/vm-on-b"))
 	denied("changing the holder of another node's record", "only a member of its own node", renew(own+"/vm-on-a", 2, other+"/vm-x"))
+	// A record whose members the operator listed (ft.lockstep.dev/members): a lockstepd moves it
+	// only to a listed member of its own node, and never changes the list.
+	listed := lease(other + "/vm-on-b")
+	listed.Name = "ft-listed"
+	listed.Spec.LeaseTransitions = new(int32(4))
+	listed.Annotations = map[string]string{ftv1.AnnotationMembers: other + "/vm-on-b," + own + "/vm-on-a"}
+	if err := k8s.Create(ctx, listed); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(holder string, edit func(map[string]string)) error {
+		l := &coordinationv1.Lease{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(listed), l); err != nil {
+			return err
+		}
+		l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &holder, new(*l.Spec.LeaseTransitions+1)
+		l.Annotations[ftv1.AnnotationRenewedBy] = holder
+		if edit != nil {
+			edit(l.Annotations)
+		}
+		return lsd.Update(ctx, l)
+	}
+	denied("naming, with its own node, a member the operator placed on another", "only a member the operator placed on its node",
+		claim(own+"/vm-on-b", nil))
+	denied("naming a member of its node the operator did not list", "only a member the operator placed on its node",
+		claim(own+"/vm-stray", nil))
+	denied("listing a member of its own", "may not change the members listed", claim(own+"/vm-on-a", func(a map[string]string) {
+		a[ftv1.AnnotationMembers] += "," + own + "/vm-stray"
+	}))
+	denied("removing the list", "may not change the members listed", claim(own+"/vm-on-a", func(a map[string]string) {
+		delete(a, ftv1.AnnotationMembers)
+	}))
+	if err := claim(own+"/vm-on-a", nil); err != nil {
+		t.Errorf("claiming a record for the member the operator listed on its node: %v", err)
+	}
+
 	// Its node lease (lockstepd-<node>), which says that lockstepd runs on the node: its own only.
 	nodeLease := func(node string) *coordinationv1.Lease {
 		holder := ftv1.SideIdentity(own, ftv1.NodeLeaseHolderSuffix) // a holder the record rule lets through

@@ -4,17 +4,23 @@ package dataplane
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/ext"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	virtv1 "kubevirt.io/api/core/v1"
+	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
@@ -37,6 +43,22 @@ func TestLauncherPodsOfMembersGetTheirDirectoryQEMUAndHook(t *testing.T) {
 	plugin.SetGroupVersionKind(schema.GroupVersionKind{Group: "plugin.kubevirt.io", Version: "v1alpha1", Kind: "Plugin"})
 	if err := k8s.Get(ctx, client.ObjectKey{Name: "lockstep"}, plugin); err != nil {
 		t.Fatalf("the Plugin: %v", err)
+	}
+	condition, _, _ := unstructured.NestedString(plugin.Object, "spec", "condition")
+	member := &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Labels: map[string]string{ftv1.LabelPair: "vm"}}}
+	for _, c := range []struct {
+		what string
+		vmi  *virtv1.VirtualMachineInstance
+		want bool
+	}{
+		{"a member", member, true},
+		{"a plain VM with labels", &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}}}, false},
+		{"a plain VM without labels", &virtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db"}}, false},
+	} {
+		got, err := pluginCondition(condition, c.vmi)
+		if err != nil || got != c.want {
+			t.Errorf("the Plugin's condition %q on %s: %v, %v; want %v without an error (an error fails the VMI)", condition, c.what, got, err, c.want)
+		}
 	}
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "launchers"}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -133,4 +155,40 @@ func TestLauncherPodsOfMembersGetTheirDirectoryQEMUAndHook(t *testing.T) {
 	if len(plain.Spec.Containers) != 1 || len(plain.Spec.Volumes) != 1 {
 		t.Errorf("a plain VM's launcher pod was changed: %+v", plain.Spec)
 	}
+}
+
+// pluginCondition evaluates a Plugin's condition on vmi as KubeVirt v1.9.0's virt-launcher does
+// before it calls a plugin's domain hooks (pkg/virt-launcher/virtwrap/plugins/cel/evaluator.go):
+// cel-go's native types, so Go field names, with the variables vmi and domainSpec, and a result
+// that must be a bool. virt-api compiles it the same way when the Plugin is written.
+func pluginCondition(condition string, vmi *virtv1.VirtualMachineInstance) (bool, error) {
+	env, err := cel.NewEnv(
+		ext.NativeTypes(reflect.TypeOf(&libvirtxml.Domain{}), reflect.TypeOf(&virtv1.VirtualMachineInstance{})),
+		cel.Container("libvirtxml"),
+		cel.Variable("vmi", cel.ObjectType("v1.VirtualMachineInstance")),
+		cel.Variable("domainSpec", cel.ObjectType("libvirtxml.Domain")),
+	)
+	if err != nil {
+		return false, err
+	}
+	ast, issues := env.Compile(condition)
+	if issues.Err() != nil {
+		return false, issues.Err()
+	}
+	if ast.OutputType() != cel.BoolType {
+		return false, fmt.Errorf("the condition returns %s, not a bool", ast.OutputType())
+	}
+	prg, err := env.Program(ast)
+	if err != nil {
+		return false, err
+	}
+	out, _, err := prg.Eval(map[string]any{"vmi": vmi, "domainSpec": &libvirtxml.Domain{}})
+	if err != nil {
+		return false, err
+	}
+	b, ok := out.Value().(bool)
+	if !ok {
+		return false, fmt.Errorf("the condition gave %v", out.Value())
+	}
+	return b, nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -147,6 +148,58 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		failover("the primary's node killed")
 	})
 
+	// A node whose clock is minutes off (its NTP broken): every time its lockstepd writes (the
+	// record's renewals, its node lease, its reports) is three minutes old when written, and
+	// certificates issued a minute ago are not valid yet there. The operator judges such times
+	// by when it saw them, so no verdict changes: the secondary moves there and protects the VM,
+	// the VM fails over onto it and runs there for a whole term, and the clock comes right again.
+	It("keeps its verdicts with a node's clock three minutes behind: the secondary there protects, the VM fails over onto it and holds, nothing lost", func() {
+		const skew = -180
+		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		target := freeNode(p.Node, s.Node)
+		skewClock(target, skew)
+		DeferCleanup(cluster, "skew-clock", target, "0") // the later specs' nodes keep time (a no-op when it already does)
+		By("the secondary moves to the node whose clock is behind, and protects the VM from there")
+		runOperation("migrate-to-skewed-clock", ftv1.OperationMigrateSecondary, target)
+		done := waitOperation("migrate-to-skewed-clock")
+		Expect(done.Status.Result.Secondary.Node).To(Equal(target))
+		f = protected()
+		s = *f.Status.Secondary
+		failovers := f.Status.FailoverCount
+		Consistently(func(g Gomega) {
+			expectSamePair(g, getFTVM(), p, s, failovers)
+			g.Expect(recordHolder()).To(Equal(ftv1.SideIdentity(p.Node, p.VMI)))
+		}, recordTermWait+10*time.Second, time.Second).Should(Succeed(), "nothing moves for a whole term")
+
+		By("the primary's node dies: the secondary, on the clock that is behind, goes live and holds the record for a whole term")
+		failover("a failover onto a node whose clock is 3 min behind")
+		f = protected()
+		Expect(f.Status.Primary.Node).To(Equal(target))
+		p, s, failovers = *f.Status.Primary, *f.Status.Secondary, f.Status.FailoverCount
+		Eventually(func() time.Duration {
+			by, at := recordRenewal()
+			if by != ftv1.SideIdentity(p.Node, p.VMI) {
+				return 0
+			}
+			return time.Since(at)
+		}, time.Minute, time.Second).Should(BeNumerically(">", 150*time.Second), "the holder's renewals are stamped on its clock, minutes behind")
+		Consistently(func(g Gomega) {
+			expectSamePair(g, getFTVM(), p, s, failovers)
+			g.Expect(recordHolder()).To(Equal(ftv1.SideIdentity(p.Node, p.VMI)))
+		}, recordTermWait+10*time.Second, time.Second).Should(Succeed(), "the record is not taken from a holder whose renewals look old")
+		expectServing(cl)
+
+		By("the clock comes right (a step of three minutes forward): lockstepd restarts on it, and the VM is protected again where it runs")
+		skewClock(target, 0)
+		again := protected()
+		Expect(again.Status.Primary.VMI).To(Equal(p.VMI))
+		Expect(again.Status.FailoverCount).To(Equal(failovers))
+	})
+
 	It("fails over a second time, from the promoted secondary", func() {
 		failover("a second failover")
 	})
@@ -235,38 +288,29 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		By("the client stops: the VM restarts from its disks, a reboot the client would call a violation")
 		cl.stop()
 		expectNoViolation(cl)
-		acked := cl.Last()
-		old := "default_" + p.VMI
-		sampler := sampleDomains(old)
-		Eventually(sampler.state, 30*time.Second, 100*time.Millisecond).Should(Equal("running"))
-		cut := cutAPI(p.Node)
-		Eventually(sampler.state, recordTermWait, 100*time.Millisecond).Should(Equal("paused"), "the primary pauses once it cannot renew the record")
-		figures.Add("a primary alone cut from the API server: cut → its VM paused", time.Since(cut))
-		Eventually(sampler.state, time.Minute, 100*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")),
-			"its QEMU stops once its whole term passed: a paused one would keep the VM's disks from the copy that starts elsewhere")
-		figures.Add("a primary alone cut from the API server: cut → its VM stopped", time.Since(cut))
-		restarted := waitFor("the VM restarted on another node", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
-			return f.Status.Primary != nil && f.Status.Primary.VMI != p.VMI && f.Status.Primary.Node != p.Node &&
-				apimeta.IsStatusConditionTrue(f.Status.Conditions, ftv1.ConditionPrimaryReady)
-		})
-		figures.Add("a primary alone cut from the API server: cut → the VM running elsewhere", time.Since(cut))
-		cl = startClient(vmAddr)
-		asked := time.Now()
-		Eventually(func() bool { _, a := cl.Around(asked); return !a.At.IsZero() }, 3*time.Minute, 100*time.Millisecond).
-			Should(BeTrue(), "the restarted VM answers the client once its guest booted")
-		_, first := cl.Around(asked)
-		Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
-		Expect(first.Disk).To(Equal(first.Count))
-		guest.restarted() // the check after this spec proves every acknowledged transfer survived
-		By("the node's path heals: the old primary stays stopped")
-		healAPI(p.Node)
-		Consistently(sampler.state, 5*time.Second, 200*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")))
-		samples, violations := sampler.stop()
-		Expect(violations).To(BeEmpty())
-		Expect(samples).To(BeNumerically(">", 20), "the sampler looked often enough to see two copies")
-		Expect(getFTVM().Status.Primary.VMI).To(Equal(restarted.Status.Primary.VMI))
-		expectOnePrimary()
+		cl = cutAloneUntilRestarted(guest, "a primary alone cut from the API server", p, cl.Last(), false)
 		setProtection(ftv1.ProtectionEnabled)
+		protected()
+		expectServing(cl)
+	})
+
+	// The same path right after a failover: the secondary that went live runs alone until its new
+	// secondary synchronizes, with no witness to renew the record for it.
+	It("pauses a secondary that went live, cut from the API server before its new secondary synchronized, and stops it before the VM starts elsewhere", func() {
+		f := protected()
+		if cl == nil { // focused alone: the client starts here
+			cl = startClient(vmAddr)
+		}
+		p, s := *f.Status.Primary, *f.Status.Secondary
+		killed := killNode(p.Node)
+		Eventually(recordHolder, time.Minute, 20*time.Millisecond).Should(Equal(ftv1.SideIdentity(s.Node, s.VMI)))
+		waitReplyAfter(cl, killed)
+		cl.stop()
+		expectNoViolation(cl)
+		// Whether the secondary learned of its new secondary and began protecting into it before
+		// the cut is a race: a COLO primary with a secondary cannot pause and stops instead.
+		cl = cutAloneUntilRestarted(guest, "a secondary gone live, cut before its new secondary synchronized", s, cl.Last(), true)
+		reviveNode(p.Node)
 		protected()
 		expectServing(cl)
 	})
@@ -367,15 +411,7 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 	It("MigrateSecondary: the secondary moves to the node asked for", func() {
 		f := protected()
 		p, s := *f.Status.Primary, *f.Status.Secondary
-		target := ""
-		Eventually(func() string {
-			for i := 1; i <= nodes; i++ {
-				if n := nodeName(i); n != p.Node && n != s.Node && nodeSchedulable(n) {
-					target = n
-				}
-			}
-			return target
-		}, time.Minute, 200*time.Millisecond).ShouldNot(BeEmpty(), "a node that can take the secondary")
+		target := freeNode(p.Node, s.Node)
 		asked := time.Now()
 		runOperation("migrate-secondary", ftv1.OperationMigrateSecondary, target)
 		done := waitOperation("migrate-secondary")
@@ -709,6 +745,80 @@ func stampIn(file string) time.Time {
 // the moment the KubeVirt double took its path to the API server away.
 func cutAPI(name string) time.Time {
 	return stamped(kubevirtdouble.CutAtFile(lc.HostsDir(), name), "the double cuts the host of "+name, "cut-api", name)
+}
+
+// cutAloneUntilRestarted cuts the node of primary p, which runs the VM alone, from the API server,
+// with the client stopped after it acknowledged acked: p pauses (or, with mayStop, stops: a COLO
+// primary with a secondary cannot pause) once it cannot renew the record, stops once its term
+// ended, and only then does the VM run elsewhere, from disks that hold every acknowledged count;
+// at no sample do two copies run; after the heal p stays stopped. It returns the client of the
+// restarted VM.
+func cutAloneUntilRestarted(guest *guestApps, what string, p ftv1.MemberStatus, acked counterReply, mayStop bool) *client {
+	old := "default_" + p.VMI
+	sampler := sampleDomains(old)
+	Eventually(sampler.state, 30*time.Second, 100*time.Millisecond).Should(Equal("running"))
+	cut := cutAPI(p.Node)
+	if mayStop {
+		Eventually(sampler.state, recordTermWait, 100*time.Millisecond).Should(BeElementOf("paused", "shut off", ""), "the primary pauses or stops once it cannot renew the record")
+	} else {
+		Eventually(sampler.state, recordTermWait, 100*time.Millisecond).Should(Equal("paused"), "the primary pauses once it cannot renew the record")
+		figures.Add(what+": cut → its VM paused", time.Since(cut))
+	}
+	Eventually(sampler.state, time.Minute, 100*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")),
+		"its QEMU stops once its term ran out: a paused one would keep the VM's disks from the copy that starts elsewhere")
+	figures.Add(what+": cut → its VM stopped", time.Since(cut))
+	restarted := waitFor("the VM restarted on another node", 5*time.Minute, func(f *ftv1.FaultTolerantVM) bool {
+		return f.Status.Primary != nil && f.Status.Primary.VMI != p.VMI && f.Status.Primary.Node != p.Node &&
+			apimeta.IsStatusConditionTrue(f.Status.Conditions, ftv1.ConditionPrimaryReady)
+	})
+	figures.Add(what+": cut → the VM running elsewhere", time.Since(cut))
+	cl := startClient(vmAddr)
+	asked := time.Now()
+	Eventually(func() bool { _, a := cl.Around(asked); return !a.At.IsZero() }, 3*time.Minute, 100*time.Millisecond).
+		Should(BeTrue(), "the restarted VM answers the client once its guest booted")
+	_, first := cl.Around(asked)
+	Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
+	Expect(first.Disk).To(Equal(first.Count))
+	guest.restarted() // the check after this spec proves every acknowledged transfer survived
+	By("the node's path heals: the old primary stays stopped")
+	healAPI(p.Node)
+	Consistently(sampler.state, 5*time.Second, 200*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")))
+	samples, violations := sampler.stop()
+	Expect(violations).To(BeEmpty())
+	Expect(samples).To(BeNumerically(">", 20), "the sampler looked often enough to see two copies")
+	Expect(getFTVM().Status.Primary.VMI).To(Equal(restarted.Status.Primary.VMI))
+	expectOnePrimary()
+	return cl
+}
+
+// skewClock sets the node's host's clock seconds off (hack/local-cluster.sh skew-clock) and waits
+// until its restarted lockstepd renews its node lease on that clock.
+func skewClock(name string, seconds int) {
+	cluster("skew-clock", name, strconv.Itoa(seconds))
+	want := time.Duration(seconds) * time.Second
+	EventuallyWithOffset(1, func() time.Duration {
+		var l coordinationv1.Lease
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: "lockstep-system", Name: ftv1.NodeLeaseName(name)}, &l); err != nil || l.Spec.RenewTime == nil {
+			return time.Hour
+		}
+		// A renewal on the host's clock is about seconds off from now on this one (renewals
+		// come every 10 s).
+		return (time.Until(l.Spec.RenewTime.Time) - want).Abs()
+	}, 2*time.Minute, time.Second).Should(BeNumerically("<", 15*time.Second), "lockstepd of %s renews its node lease on a clock %ds off", name, seconds)
+}
+
+// freeNode is a schedulable node other than those given.
+func freeNode(not ...string) string {
+	target := ""
+	EventuallyWithOffset(1, func() string {
+		for i := 1; i <= nodes; i++ {
+			if n := nodeName(i); !slices.Contains(not, n) && nodeSchedulable(n) {
+				target = n
+			}
+		}
+		return target
+	}, time.Minute, 200*time.Millisecond).ShouldNot(BeEmpty(), "a node that can take a member")
+	return target
 }
 
 // healAPI gives the node's host its path to the API server back and waits until it is Ready.

@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,7 +99,8 @@ var _ = AfterSuite(func() {
 })
 
 // When a spec fails, the logs of the operator, the double and each lockstepd are what a person
-// needs first.
+// needs first, and the members' serial consoles (what the guest printed: a boot that hung, a
+// service that failed) and QEMU logs.
 var _ = ReportAfterEach(func(r SpecReport) {
 	if !r.Failed() || !up {
 		return
@@ -109,6 +111,19 @@ var _ = ReportAfterEach(func(r SpecReport) {
 	}
 	for name, tail := range lc.Logs(40, daemons...) {
 		AddReportEntry(name+" (tail)", tail)
+	}
+	// Each member's QEMU log too, whatever became of the member: why a QEMU exited (a lock on
+	// a disk, an error of its own) is there and nowhere else.
+	for pattern, lines := range map[string]string{
+		filepath.Join("n*", "m", "*", "lv", "kubevirt-private", "*", "virt-serial0-log"): "40",
+		filepath.Join("n*", "m", "*", "lv", "log", "qemu", "*.log"):                      "15",
+	} {
+		files, _ := filepath.Glob(filepath.Join(lc.HostsDir(), pattern))
+		for _, f := range files {
+			tail, _ := exec.Command("tail", "-n", lines, f).CombinedOutput()
+			rel, _ := filepath.Rel(lc.HostsDir(), f)
+			AddReportEntry(rel+" (tail)", string(tail))
+		}
 	}
 })
 

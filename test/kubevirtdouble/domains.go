@@ -251,7 +251,7 @@ func (d *Domains) start(dom *domain, vmi *virtv1.VirtualMachineInstance, pod *co
 		QMP: filepath.Join(dom.dir, "launcher.qmp"), Serial: filepath.Join(dom.dir, "console"),
 	}
 	return virtlauncher.Launch(context.Background(), virtlauncher.Member{
-		VMI: vmi,
+		VMI: vmi, Sizing: Sizing(context.Background(), d.Hosts),
 		Domain: virtlauncher.DomainSpec{Name: vmi.Namespace + "_" + vmi.Name, UUID: uuid, VMIUID: string(vmi.UID),
 			VM: vm, VCPUs: member.VCPUs(&vmi.Spec),
 			Interface: vmi.Spec.Domain.Devices.Interfaces[0].Name, Disks: disks, EFI: efi(vmi)},

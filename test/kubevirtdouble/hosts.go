@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,8 +54,10 @@ import (
 // node's heartbeat: the host runs on. CutHolder cuts the host from the control plane (cut-api): its
 // heartbeat stops, its processes lose their path to the API server, and its kubelet sees nothing:
 // the VMIs and pods deleted meanwhile keep running on the host, and nothing on it reports, until
-// the Lease is free again (heal-api) and the kubelet catches up. A restart of the double reboots
-// every host.
+// the Lease is free again (heal-api) and the kubelet catches up. A host's clock is off when its
+// ClockSkewFile says so (skew-clock): its lockstepd, started again, runs on a wall clock that far
+// off (hack/skewclock.sh); its other processes keep the machine's clock. A restart of the double
+// reboots every host.
 type Hosts struct {
 	client.Client
 	Clientset kubernetes.Interface
@@ -65,8 +68,9 @@ type Hosts struct {
 	Cluster string
 	// StateDir holds each host's directories (short: Unix socket paths end at 107 bytes).
 	StateDir string
-	// Lockstepd is the lockstepd binary.
-	Lockstepd string
+	// Lockstepd is the lockstepd binary; LockstepdSkewClock is the same source built with its wall
+	// clock skewed (hack/skewclock.sh), which a host whose clock is off runs (ClockSkewFile).
+	Lockstepd, LockstepdSkewClock string
 	// DaemonSet is lockstepd's DaemonSet, whose pods kwok runs on the nodes.
 	DaemonSet types.NamespacedName
 	Log       logr.Logger
@@ -416,6 +420,38 @@ func (ho *Host) isCut() bool {
 // CutAtFile is where the moment node's host was last cut from the API server is kept.
 func CutAtFile(stateDir, node string) string { return filepath.Join(stateDir, node+".cut") }
 
+// ClockSkewFile holds how many seconds node's host's clock is off (hack/local-cluster.sh
+// skew-clock); none or 0: it is right. Its lockstepd reads the clock on its next start.
+func ClockSkewFile(stateDir, node string) string { return filepath.Join(stateDir, node+".clock-skew") }
+
+// ClockSkew is how far node's host's clock is off, as its ClockSkewFile says (0: it is right, or
+// the file is missing).
+func ClockSkew(stateDir, node string) (time.Duration, error) {
+	raw, err := os.ReadFile(ClockSkewFile(stateDir, node))
+	skew := strings.TrimSpace(string(raw))
+	if err != nil || skew == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(skew)
+	if err != nil {
+		return 0, fmt.Errorf("the clock skew of host %s, %q, is not a whole number of seconds", node, skew)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// lockstepdBinary is the lockstepd the host runs, and its environment's clock skew (none when
+// its clock is right).
+func (h *Hosts) lockstepdBinary(ho *Host) (string, []string, error) {
+	skew, err := ClockSkew(h.StateDir, ho.Node)
+	if err != nil || skew == 0 {
+		return h.Lockstepd, nil, err
+	}
+	if h.LockstepdSkewClock == "" {
+		return "", nil, fmt.Errorf("host %s's clock is off by %s, and the double has no lockstepd built to run on such a clock (--lockstepd-skew-clock)", ho.Node, skew)
+	}
+	return h.LockstepdSkewClock, []string{"LOCKSTEP_TEST_CLOCK_SKEW=" + strconv.Itoa(int(skew/time.Second))}, nil
+}
+
 // unplug removes the switch's ends of host i's links.
 func (h *Hosts) unplug(i int) {
 	for _, p := range []string{"u", "l", "h"} {
@@ -484,13 +520,17 @@ current-context: local
 		"--node-name="+ho.Node, "--run-dir="+ho.RunDir,
 		"--tls-cert-file="+filepath.Join(ho.Dir, "pki", "tls.crt"), "--tls-key-file="+filepath.Join(ho.Dir, "pki", "tls.key"),
 		"--tls-ca-file="+filepath.Join(ho.Dir, "ca", "ca.crt"))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ho.NS, h.Lockstepd}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "LOCKSTEPD_NODE_NAME="+ho.Node)
+	binary, clock, err := h.lockstepdBinary(ho)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ho.NS, binary}, args...)...)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+kubeconfig, "LOCKSTEPD_NODE_NAME="+ho.Node), clock...)
 	logf, err := os.OpenFile(filepath.Join(h.StateDir, ho.Node+"-lockstepd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	_, _ = fmt.Fprintf(logf, "--- %s start on host %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), ho.NS, h.Lockstepd, strings.Join(args, " "))
+	_, _ = fmt.Fprintf(logf, "--- %s start on host %s: %s %s %s\n", time.Now().UTC().Format(time.RFC3339), ho.NS, strings.Join(clock, " "), binary, strings.Join(args, " "))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := h.podRunning(ctx, ho, pod); err != nil {
 		_ = logf.Close()

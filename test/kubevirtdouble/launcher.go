@@ -2,6 +2,8 @@ package kubevirtdouble
 
 import (
 	"context"
+	"runtime"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -92,7 +94,7 @@ func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 }
 
 func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInstance) error {
-	pod, err := LauncherPod(vmi, l.Image)
+	pod, err := LauncherPod(vmi, l.Image, Sizing(ctx, l.Client))
 	if err != nil {
 		return err
 	}
@@ -107,14 +109,26 @@ func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInst
 	return l.patchStatus(ctx, vmi, base)
 }
 
+// Sizing is what the cluster's KubeVirt CR says that sizes launchers, as virt-controller reads it
+// (none, or none readable: KubeVirt's defaults).
+func Sizing(ctx context.Context, c client.Reader) kubevirtsize.Cluster {
+	var kvs virtv1.KubeVirtList
+	if err := c.List(ctx, &kvs); err != nil {
+		return kubevirtsize.ClusterOf(nil, runtime.GOARCH)
+	}
+	return kubevirtsize.ClusterOfList(kvs.Items, runtime.GOARCH)
+}
+
 // LauncherPod builds the launcher-like pod of a VMI: what the scheduler needs to decide as it
-// would for KubeVirt's virt-launcher, its compute container's memory sized as KubeVirt sizes it
-// (kubevirtsize.LauncherMemory: the VMI's request and limit, each plus KubeVirt's overhead).
-func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod, error) {
-	memRequest, memLimit, err := kubevirtsize.LauncherMemory(vmi)
+// would for KubeVirt's virt-launcher, its compute container's memory sized as KubeVirt configured
+// as sizing sizes it (kubevirtsize.LauncherMemory: the VMI's request and limit, each plus
+// KubeVirt's overhead, which the pod's annotation states as virt-controller's does).
+func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string, sizing kubevirtsize.Cluster) (*corev1.Pod, error) {
+	memRequest, memLimit, err := kubevirtsize.LauncherMemory(vmi, sizing)
 	if err != nil {
 		return nil, err
 	}
+	overhead := kubevirtsize.Overhead(vmi, sizing)
 	requests := corev1.ResourceList{}
 	for k, v := range vmi.Spec.Domain.Resources.Requests {
 		requests[k] = v.DeepCopy()
@@ -135,9 +149,10 @@ func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string) (*corev1.Pod,
 	labels[LabelCreatedBy] = string(vmi.UID)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: vmi.Namespace,
-			Name:      LauncherPodName(vmi.Name),
-			Labels:    labels,
+			Namespace:   vmi.Namespace,
+			Name:        LauncherPodName(vmi.Name),
+			Labels:      labels,
+			Annotations: map[string]string{virtv1.MemoryOverheadAnnotationBytes: strconv.FormatInt(overhead.Value(), 10)},
 		},
 		Spec: corev1.PodSpec{
 			Affinity:                  vmi.Spec.Affinity.DeepCopy(),

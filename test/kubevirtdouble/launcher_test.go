@@ -2,6 +2,7 @@ package kubevirtdouble
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,8 @@ import (
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 )
 
 func TestMirrorReportsWhatKubeVirtWould(t *testing.T) {
@@ -56,7 +59,7 @@ func TestLauncherPodCarriesWhatTheSchedulerNeeds(t *testing.T) {
 			Affinity:          &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{}},
 		},
 	}
-	pod, err := LauncherPod(vmi, "img")
+	pod, err := LauncherPod(vmi, "img", kubevirtsize.Cluster{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +74,9 @@ func TestLauncherPodCarriesWhatTheSchedulerNeeds(t *testing.T) {
 	if lim := pod.Spec.Containers[0].Resources.Limits; lim.Memory().Cmp(wantMem) != 0 {
 		t.Errorf("memory limit %s, want %s", lim.Memory(), wantMem.String())
 	}
+	if got := pod.Annotations[virtv1.MemoryOverheadAnnotationBytes]; got != fmt.Sprint(376<<20) {
+		t.Errorf("the overhead annotation says %s, want %d (1400Mi less the guest's 1Gi)", got, 376<<20)
+	}
 	if pod.Spec.NodeSelector["zone"] != "a" || len(pod.Spec.Tolerations) != 1 || pod.Spec.PriorityClassName != "lockstep-ft" || pod.Spec.Affinity.PodAntiAffinity == nil {
 		t.Errorf("scheduling constraints not carried over: %+v", pod.Spec)
 	}
@@ -81,7 +87,7 @@ func TestLauncherPodCarriesWhatTheSchedulerNeeds(t *testing.T) {
 	vmi.Spec.Domain.Memory = nil
 	vmi.Spec.Domain.Resources.Requests = nil
 	delete(vmi.Spec.Domain.Resources.Limits, corev1.ResourceMemory)
-	if _, err := LauncherPod(vmi, "img"); err == nil {
+	if _, err := LauncherPod(vmi, "img", kubevirtsize.Cluster{}); err == nil {
 		t.Error("a VMI without memory must be refused")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
@@ -112,20 +113,37 @@ func (c *Cluster) Kubectl(args ...string) (string, error) {
 	return string(out), nil
 }
 
-// Logs are the tails of the operator's and the double's logs and of files, by file name: what a
-// person needs first when a spec fails.
+// controlPlane are kwokctl's processes, which nothing starts again once they exit.
+var controlPlane = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller"}
+
+// Logs are the tails of the operator's, the double's and the kube-controller-manager's logs and
+// of files, by file name, and which of the control plane's processes run ("control plane"): what
+// a person needs first when a spec fails.
 func (c *Cluster) Logs(lines int, files ...string) map[string]string {
-	for _, p := range []string{"operator", "kubevirt-double"} {
+	for _, p := range []string{"operator", "kubevirt-double", "kube-controller-manager"} {
 		if out, err := c.Run("logs", p); err == nil {
 			files = append([]string{strings.TrimSpace(out)}, files...)
 		}
 	}
-	tails := map[string]string{}
+	tails := map[string]string{"control plane": c.controlPlaneState()}
 	for _, p := range files {
 		out, _ := exec.Command("tail", "-n", fmt.Sprint(lines), p).CombinedOutput()
 		tails[filepath.Base(p)] = string(out)
 	}
 	return tails
+}
+
+// controlPlaneState says, for each of the control plane's processes, whether it runs.
+func (c *Cluster) controlPlaneState() string {
+	var states []string
+	for _, p := range controlPlane {
+		state := "not running"
+		if pid, err := c.PID(p); err == nil && syscall.Kill(pid, 0) == nil {
+			state = "running"
+		}
+		states = append(states, p+": "+state)
+	}
+	return strings.Join(states, ", ")
 }
 
 // LoggingNetwork is the logging network that the suites' FaultTolerantVMs name ("ft-logging"),

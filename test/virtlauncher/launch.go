@@ -22,6 +22,9 @@ import (
 type Member struct {
 	// VMI is the VMI as virt-launcher sends it to the hook.
 	VMI *virtv1.VirtualMachineInstance
+	// Sizing is the cluster's KubeVirt configuration that sized the launcher pod, whose memory
+	// limit the launcher's cgroup enforces.
+	Sizing kubevirtsize.Cluster
 	// Domain is the domain before the hook.
 	Domain DomainSpec
 	// NetNS is the node's network namespace, where the daemon and QEMU run.
@@ -148,7 +151,7 @@ const notRunMiB = 25 + 100 + 25
 // the VMI has no memory limit (kubelet sets none), and nil, with nothing enforced, where this
 // machine has no memory cgroup.
 func launcherCgroup(m Member) (*MemoryCgroup, error) {
-	_, limit, err := kubevirtsize.LauncherMemory(m.VMI)
+	_, limit, err := kubevirtsize.LauncherMemory(m.VMI, m.Sizing)
 	if err != nil || limit.IsZero() {
 		return nil, err
 	}

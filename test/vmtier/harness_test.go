@@ -388,7 +388,7 @@ func (c *cluster) launch(m *member) {
 	// The member's directory is lockstepd's to make, for the user QEMU runs as, before the
 	// launcher pod can start (its hostPath must exist).
 	lsd := lockstepd.DefaultConfig()
-	if err := lockstepd.PrepareMemberDir(m.dir, lsd.LauncherOwner()); err != nil {
+	if err := lockstepd.PrepareMemberDir(m.dir, lsd.LauncherOwner(), lsd.MemberDirLabel); err != nil {
 		t.Fatal(err)
 	}
 	m.vm = guestVM(c.qemu, c.guest, m.dir, "launcher", c.vmAddr)

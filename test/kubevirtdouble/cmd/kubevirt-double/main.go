@@ -32,12 +32,12 @@ import (
 
 func main() {
 	var (
-		image                        string
-		hosts                        bool
-		cluster, state, storage      string
-		lockstepd, hook, qemu, guest string
-		images                       string
-		evictionPort                 int
+		image                                            string
+		hosts                                            bool
+		cluster, state, storage                          string
+		lockstepd, lockstepdSkewClock, hook, qemu, guest string
+		images                                           string
+		evictionPort                                     int
 	)
 	flag.StringVar(&image, "launcher-image", "quay.io/kubevirt/virt-launcher:test-double", "Image named in launcher pods (never pulled: kwok runs nothing).")
 	flag.BoolVar(&hosts, "hosts", false, "Play the nodes' machines too: a network namespace per node running lockstepd, and member VMIs booted there (needs root).")
@@ -45,6 +45,7 @@ func main() {
 	flag.StringVar(&state, "hosts-dir", "/run/lockstep-hosts", "With --hosts: the hosts' directories (short: Unix socket paths end at 107 bytes).")
 	flag.StringVar(&storage, "storage-dir", "", "With --hosts: the claims' disk images (default <hosts-dir>/storage).")
 	flag.StringVar(&lockstepd, "lockstepd", "bin/lockstepd", "With --hosts: the lockstepd binary.")
+	flag.StringVar(&lockstepdSkewClock, "lockstepd-skew-clock", "", "With --hosts: lockstepd built with hack/skewclock.sh, which hosts whose clock is off run (hack/local-cluster.sh skew-clock).")
 	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
 	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory, for its OVMF (which KubeVirt's launcher image carries; members' QEMU comes from their pods' image volume).")
 	flag.StringVar(&images, "images", "", "With --hosts: OCI archives, comma-separated, that serve the images launcher pods mount as image volumes (bin/images/lockstep-qemu.oci.tar: lockstep's QEMU).")
@@ -86,7 +87,7 @@ func main() {
 			storage = state + "/storage"
 		}
 		h := &kubevirtdouble.Hosts{Client: mgr.GetClient(), Clientset: kubernetes.NewForConfigOrDie(cfg), Config: cfg,
-			Cluster: cluster, StateDir: state, Lockstepd: lockstepd, Log: log.WithName("hosts"),
+			Cluster: cluster, StateDir: state, Lockstepd: lockstepd, LockstepdSkewClock: lockstepdSkewClock, Log: log.WithName("hosts"),
 			DaemonSet: types.NamespacedName{Namespace: "lockstep-system", Name: "lockstepd"}}
 		if err := h.Setup(); err != nil {
 			fail(err, "hosts")
