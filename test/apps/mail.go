@@ -35,16 +35,36 @@ type Mail struct {
 	inDoubt  map[int]bool
 	refused  int
 	next     int
+	// restartedBefore is the first message sent after the VM last restarted from its disks
+	// (0: it never did); the messages before it may be in the mailbox twice.
+	restartedBefore int
 }
 
 // MailReport is what a check counted.
 type MailReport struct {
 	Accepted, InDoubt, Delivered, Refused int
+	// Redelivered counts the messages sent before a restart of the VM that are in the mailbox
+	// twice: Postfix delivers at least once across a crash (the mailbox's append is synced before
+	// the queue file's removal, which a hard stop can undo), so a restart may deliver again what
+	// was delivered just before it.
+	Redelivered int
 }
 
 func (r MailReport) String() string {
-	return fmt.Sprintf("%d messages accepted, each in the mailbox once (%d delivered; %d in doubt, %d not accepted)",
+	s := fmt.Sprintf("%d messages accepted, each in the mailbox once (%d delivered; %d in doubt, %d not accepted)",
 		r.Accepted, r.Delivered, r.InDoubt, r.Refused)
+	if r.Redelivered > 0 {
+		s += fmt.Sprintf("; %d sent before the VM restarted from its disks delivered twice", r.Redelivered)
+	}
+	return s
+}
+
+// Restarted tells the checks that the VM restarted from its disks (it ran alone and was lost):
+// the messages sent so far may be delivered twice, as Postfix does after a crash; none after.
+func (m *Mail) Restarted() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restartedBefore = m.next
 }
 
 // Run sends a message every interval until ctx ends.
@@ -119,7 +139,8 @@ func (m *Mail) send(ctx context.Context, seq int) (sentData bool, err error) {
 var seqLine = regexp.MustCompile(`(?m)^` + SeqHeader + `: (\d+)\s*$`)
 
 // Check proves from the mailbox's lines (MailboxLines's output) that every accepted message is
-// there exactly once, and no message twice.
+// there, and no message twice but one sent before the VM restarted from its disks (Restarted),
+// and that one no more than twice.
 func (m *Mail) Check(mailbox string) (MailReport, error) {
 	delivered := map[int]int{}
 	for _, sub := range seqLine.FindAllStringSubmatch(mailbox, -1) {
@@ -129,13 +150,17 @@ func (m *Mail) Check(mailbox string) (MailReport, error) {
 	m.mu.Lock()
 	accepted := copySet(m.accepted)
 	r := MailReport{Accepted: len(m.accepted), InDoubt: len(m.inDoubt), Delivered: len(delivered), Refused: m.refused}
+	restartedBefore := m.restartedBefore
 	m.mu.Unlock()
 	var errs []error
 	have := map[int]bool{}
 	var twice []int
 	for n, count := range delivered {
 		have[n] = true
-		if count > 1 {
+		switch {
+		case count == 2 && n < restartedBefore:
+			r.Redelivered++
+		case count > 1:
 			twice = append(twice, n)
 		}
 	}

@@ -128,7 +128,8 @@ func (a *guestApps) check(after string) {
 
 // restarted tells the applications' checks that the VM restarted from its disks (it ran alone and
 // its node was lost): PostgreSQL went through crash recovery, and every acknowledged transfer
-// must have survived it. It waits until the restarted Postfix runs and holds nothing: the
+// must have survived it; Postfix may deliver again a message it delivered just before the stop
+// (test/apps.Mail.Restarted). It waits until the restarted Postfix runs and holds nothing: the
 // messages it accepted before the stop are in its queue on the data disk, and it delivers them
 // only once it runs, which a guest booting under TCG on a busy machine reached minutes after the
 // VM restarted (CI: 123 s after the message arrived); the mailbox check's window starts after.
@@ -139,6 +140,7 @@ func (a *guestApps) restarted() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	Expect(a.ledger.Restarted(ctx)).To(Succeed(), "the restarted guest's PostgreSQL")
+	a.mail.Restarted()
 	postfix, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	Eventually(func() (string, error) {
