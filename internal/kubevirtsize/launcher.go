@@ -29,7 +29,13 @@ type Cluster struct {
 	// Arch is the architecture of a VMI that names none (virt-controller's own): arm64 adds the
 	// 128 MiB of its UEFI flash.
 	Arch string
+	// CPUAllocationRatio divides the vCPUs of a VMI that asks for no CPU into the CPU its launcher
+	// requests (spec.configuration.developerConfiguration.cpuAllocationRatio; 0: KubeVirt's 10).
+	CPUAllocationRatio int
 }
+
+// defaultCPUAllocationRatio is KubeVirt's when its CR sets none.
+const defaultCPUAllocationRatio = 10
 
 // ClusterOfList is the sizing configuration of a cluster whose KubeVirt CRs are kvs (virt-operator
 // runs one, and refuses a second) and whose virt-controller runs on arch.
@@ -50,6 +56,9 @@ func ClusterOf(kv *virtv1.KubeVirt, arch string) Cluster {
 	c.OverheadRatio = kv.Spec.Configuration.AdditionalGuestMemoryOverheadRatio
 	if n := kv.Spec.Configuration.NetworkConfiguration; n != nil {
 		c.Bindings = n.Binding
+	}
+	if d := kv.Spec.Configuration.DeveloperConfiguration; d != nil {
+		c.CPUAllocationRatio = d.CPUAllocationRatio
 	}
 	return c
 }
@@ -175,9 +184,10 @@ func LauncherMemory(vmi *virtv1.VirtualMachineInstance, c Cluster) (request, lim
 }
 
 // LauncherRequests is what the launcher pod of vmi requests of its node in cluster c: the compute
-// container's CPU request (the VMI's, else its limit) and memory request (LauncherMemory), in
-// millicores and bytes. KubeVirt's sidecars (a hook's, for one) are not counted: their size is
-// KubeVirt's configuration, not the VMI's.
+// container's CPU request (the VMI's, else its limit, else its vCPUs and supplemental IO threads
+// over c's CPU allocation ratio) and memory request (LauncherMemory), in millicores and bytes.
+// KubeVirt's sidecars (a hook's, for one) are not counted: their size is KubeVirt's
+// configuration, not the VMI's.
 func LauncherRequests(vmi *virtv1.VirtualMachineInstance, c Cluster) (milliCPU, memoryBytes int64, err error) {
 	memory, _, err := LauncherMemory(vmi, c)
 	if err != nil {
@@ -186,9 +196,26 @@ func LauncherRequests(vmi *virtv1.VirtualMachineInstance, c Cluster) (milliCPU, 
 	res := vmi.Spec.Domain.Resources
 	cpu, ok := res.Requests[corev1.ResourceCPU]
 	if !ok {
-		cpu = res.Limits[corev1.ResourceCPU]
+		cpu, ok = res.Limits[corev1.ResourceCPU]
+	}
+	if !ok {
+		return allocatedMilliCPU(vmi, c), memory.Value(), nil
 	}
 	return cpu.MilliValue(), memory.Value(), nil
+}
+
+// allocatedMilliCPU is the CPU KubeVirt requests for a VMI that asks for none: its vCPUs and
+// supplemental IO threads over the CPU allocation ratio (1 vCPU: 100m), rounded up to a millicore.
+func allocatedMilliCPU(vmi *virtv1.VirtualMachineInstance, c Cluster) int64 {
+	ratio := int64(c.CPUAllocationRatio)
+	if ratio <= 0 {
+		ratio = defaultCPUAllocationRatio
+	}
+	cpus := vcpus(vmi)
+	if t := vmi.Spec.Domain.IOThreads; t != nil && t.SupplementalPoolThreadCount != nil {
+		cpus += int64(*t.SupplementalPoolThreadCount)
+	}
+	return (cpus*1000 + ratio - 1) / ratio
 }
 
 // vcpus is the VMI's vCPUs as KubeVirt counts them once its webhook has set the topology: sockets

@@ -203,3 +203,47 @@ func TestTheKubeVirtCRChangesTheOverheadAsKubeVirtDoes(t *testing.T) {
 		t.Errorf("the cluster's KubeVirt CR: %+v", c)
 	}
 }
+
+// TestAVMIThatAsksForNoCPUGetsItsShareOfTheAllocationRatio: KubeVirt requests a VMI's vCPUs (and
+// supplemental IO threads) over the CPU allocation ratio when the VMI asks for no CPU; a request
+// or a limit of its own is taken as it is.
+func TestAVMIThatAsksForNoCPUGetsItsShareOfTheAllocationRatio(t *testing.T) {
+	two := uint32(2)
+	withMemory := func(mutate func(*virtv1.VirtualMachineInstanceSpec)) *virtv1.VirtualMachineInstance {
+		v := &virtv1.VirtualMachineInstance{}
+		v.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
+		mutate(&v.Spec)
+		return v
+	}
+	for _, c := range []struct {
+		name  string
+		vmi   *virtv1.VirtualMachineInstance
+		ratio int
+		want  int64
+	}{
+		{"one vCPU", withMemory(func(*virtv1.VirtualMachineInstanceSpec) {}), 0, 100},
+		{"four cores", withMemory(func(s *virtv1.VirtualMachineInstanceSpec) { s.Domain.CPU = &virtv1.CPU{Cores: 4} }), 0, 400},
+		{"one vCPU, ratio 3", withMemory(func(*virtv1.VirtualMachineInstanceSpec) {}), 3, 334},
+		{"twelve vCPUs", withMemory(func(s *virtv1.VirtualMachineInstanceSpec) { s.Domain.CPU = &virtv1.CPU{Sockets: 2, Cores: 6} }), 0, 1200},
+		{"two supplemental IO threads", withMemory(func(s *virtv1.VirtualMachineInstanceSpec) {
+			s.Domain.IOThreads = &virtv1.DiskIOThreads{SupplementalPoolThreadCount: &two}
+		}), 0, 300},
+		{"a request of its own", withMemory(func(s *virtv1.VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &virtv1.CPU{Cores: 4}
+			s.Domain.Resources.Requests[corev1.ResourceCPU] = resource.MustParse("250m")
+		}), 0, 250},
+		{"a limit alone", withMemory(func(s *virtv1.VirtualMachineInstanceSpec) {
+			s.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
+		}), 0, 2000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, _, err := kubevirtsize.LauncherRequests(c.vmi, kubevirtsize.Cluster{CPUAllocationRatio: c.ratio})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Errorf("%dm CPU, want %dm", got, c.want)
+			}
+		})
+	}
+}
