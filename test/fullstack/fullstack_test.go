@@ -901,7 +901,8 @@ func expectServing(cl *client) {
 type lockstepdRollout struct {
 	old map[types.UID]string // the pods before the rollout: UID -> node
 	// replaced: node -> when its old pod was first seen deleted; unprotectedAtRestart: the nodes
-	// whose old pod went while the VM was not protected again after an earlier restart.
+	// whose old pod went while the VM was not protected again after an earlier restart, or at
+	// once with the other member's node's.
 	replaced             map[string]time.Time
 	unprotectedAtRestart []string
 	unprotected, took    time.Duration
@@ -913,6 +914,11 @@ func (r *lockstepdRollout) observeFrom(start time.Time) {
 	r.start, r.old, r.replaced = start, map[types.UID]string{}, map[string]time.Time{}
 	for _, p := range lockstepdPods() {
 		r.old[p.UID] = p.Spec.NodeName
+		if !podReady(&p) {
+			// The DaemonSet controller deletes an old pod that is not ready at once, beside the
+			// one its maxUnavailable allows.
+			r.note(start, fmt.Sprintf("lockstepd's old pod on %s is not ready as the rollout starts", p.Spec.NodeName))
+		}
 	}
 	Expect(r.old).To(HaveLen(nodes), "one lockstepd pod on each node before the rollout")
 }
@@ -956,18 +962,31 @@ func (r *lockstepdRollout) until(within time.Duration) {
 				readyNew++
 			}
 		}
+		// The pods seen deleted in one sample went together: each is judged by what the VM was
+		// before them (a restart already under way), and a member's node also by the other
+		// members' nodes among them (the VM's two sides' lockstepd restarted at once).
+		var gone []string
 		for uid, node := range r.old {
-			if _, seen := r.replaced[node]; seen || live[uid] {
-				continue
+			if _, seen := r.replaced[node]; !seen && !live[uid] {
+				gone = append(gone, node)
 			}
+		}
+		sort.Strings(gone)
+		membersGone := 0
+		for _, node := range gone {
+			if members[node] {
+				membersGone++
+			}
+		}
+		for _, node := range gone {
 			r.replaced[node] = now
 			r.note(now, fmt.Sprintf("lockstepd's old pod on %s is deleted (the VM's members on %v, secondary %s)", node, members, sec))
-			if cutOff != "" {
+			if cutOff != "" || members[node] && membersGone > 1 {
 				r.unprotectedAtRestart = append(r.unprotectedAtRestart, node)
 			}
-			if members[node] {
-				cutOff = sec
-			}
+		}
+		if membersGone > 0 {
+			cutOff = sec
 		}
 		wasProtected, last = prot, now
 		if len(r.replaced) == len(r.old) && readyNew == len(r.old) && prot && cutOff == "" {
