@@ -219,8 +219,28 @@ func (h *Hosts) probeReadiness(ho *Host, pod *corev1.Pod, exited <-chan struct{}
 			r = resp.StatusCode >= 200 && resp.StatusCode < 400
 			_ = resp.Body.Close()
 		}
-		if r != ready {
+		if r != ready || !ho.isCut() && h.podReadyInAPI(pod) != r {
+			// A kubelet writes the pod's status again where the API server's differs from what
+			// it sees: the node lifecycle controller marks every pod of a node not ready while
+			// the node is NotReady (a node cut from the control plane), and only the kubelet
+			// marks them ready again once it reaches the API server.
 			set(r)
 		}
 	}
+}
+
+// podReadyInAPI is pod's Ready condition as the API server has it (false: gone, or not read).
+func (h *Hosts) podReadyInAPI(pod *corev1.Pod) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := &corev1.Pod{}
+	if err := h.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil || p.UID != pod.UID {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
