@@ -52,8 +52,8 @@ func (a *Agent) claimFromPeer(ctx context.Context) {
 	a.claim(ctx, known)
 }
 
-// claim asks the arbiter for the epoch after known, retrying until ClaimTimeout, and feeds the
-// answer to the loop.
+// claim asks the arbiter for the epoch after known, retrying until the claim's deadline
+// (claimTimeout), and feeds the answer to the loop.
 func (a *Agent) claim(ctx context.Context, known uint64) {
 	a.mu.Lock()
 	if a.claiming {
@@ -61,10 +61,11 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 		return
 	}
 	a.claiming = true
-	a.mu.Unlock()
 	started := time.Now()
+	timeout := a.claimTimeout(started)
+	a.mu.Unlock()
 	go func() {
-		epoch, err := claimWithin(ctx, a.arb, known, a.cfg.ClaimTimeout)
+		epoch, err := claimWithin(ctx, a.arb, known, timeout)
 		a.post(ctx, func() {
 			a.mu.Lock()
 			a.claiming = false
@@ -79,10 +80,25 @@ func (a *Agent) claim(ctx context.Context, known uint64) {
 			case errors.Is(err, engine.ErrLost):
 				a.on(ctx, failover.ClaimLost, err.Error())
 			default:
-				a.on(ctx, failover.ClaimFailed, fmt.Sprintf("could not reach the arbiter within %s: %v", a.cfg.ClaimTimeout, err))
+				a.on(ctx, failover.ClaimFailed, fmt.Sprintf("could not reach the arbiter within %s: %v", timeout.Round(time.Millisecond), err))
 			}
 		})
 	}()
+}
+
+// claimTimeout is how long a claim started at now may try. A primary that claims from its
+// secondary (silent, or dropped as the operator replaces it) still holds the record's term: the
+// operator moves the record only once the term has passed since the last renewal it saw, and this
+// side releases nothing while it claims. It may try until its term's stop point, so that an API
+// server slower than ClaimTimeout for a while does not stop the only live copy of the VM; a side
+// without a term (a secondary, a primary that has not renewed yet) has ClaimTimeout. Called
+// with a.mu held.
+func (a *Agent) claimTimeout(now time.Time) time.Duration {
+	timeout := a.cfg.ClaimTimeout
+	if a.cfg.Term > 0 && a.side.WasPrimary && a.epoch > 0 && !a.renewedAt.IsZero() {
+		timeout = max(timeout, a.cfg.Term.StopAt(a.renewedAt).Sub(now))
+	}
+	return timeout
 }
 
 // ensureWithin reads the record (creating it when there is none) until a read goes through or

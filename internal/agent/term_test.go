@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -191,4 +192,44 @@ func TestAStartingPrimaryReadsTheRecordAgainRatherThanStopAtTheFirstFailure(t *t
 	}
 	p.lease.SetDown(false)
 	waitState(t, a, failover.Alone)
+}
+
+// A protected primary whose secondary goes silent while the API server does not answer keeps
+// claiming, its outputs held, until its term's stop point rather than its claim timeout: the
+// operator cannot move the record before then, and stopping sooner would stop the only live copy
+// of the VM for an API server that was slow for a few seconds (the operator replacing a
+// secondary, an API server restarting). Past the stop point it is stopped, as a lapsed side is.
+func TestAPrimaryClaimingFromItsSilentSecondaryTriesUntilItsTermStops(t *testing.T) {
+	for _, heals := range []bool{true, false} {
+		t.Run(fmt.Sprintf("the API server answers again %v", heals), func(t *testing.T) {
+			p := newPair(t)
+			p.term = testTerm
+			p.protect(t)
+			p.lease.SetDownFor("a", true)
+			p.b.cancel() // the secondary goes silent: a claims
+			waitState(t, p.a, failover.Claiming)
+			time.Sleep(4 * 300 * time.Millisecond) // four claim timeouts
+			if st := p.a.agent.Status(); st.State != failover.Claiming {
+				t.Fatalf("after four claim timeouts without the API server: %s (%s), want still claiming", st.State, st.Message)
+			}
+			_, before, _ := p.outs.snapshot()
+			time.Sleep(100 * time.Millisecond)
+			if _, after, _ := p.outs.snapshot(); after["a"] != before["a"] {
+				t.Fatalf("a released outputs %d to %d while claiming", before["a"], after["a"])
+			}
+			if heals {
+				p.lease.SetDownFor("a", false)
+				waitState(t, p.a, failover.Alone)
+				if h := p.lease.Holder(); h.Identity != "a" || h.Epoch != 3 {
+					t.Fatalf("the record after the claim: %+v, want a at epoch 3", h)
+				}
+				return
+			}
+			waitState(t, p.a, failover.Fenced)
+			st := p.a.agent.Status()
+			if stop := testTerm.StopAt(st.RenewedAt); st.Since.Before(stop) {
+				t.Fatalf("stopped %s after its last renewal, before its term's stop point (%s)", st.Since.Sub(st.RenewedAt), stop.Sub(st.RenewedAt))
+			}
+		})
+	}
 }

@@ -250,7 +250,7 @@ func Vouch(v Verdict, side *ftv1.SideStatus, vmi string, reportSeen, now time.Ti
 		return v
 	}
 	// Claiming is healthy too: the side's VM runs while it claims the pair's Lease, and within the
-	// claim timeout it reports Alone or Fenced. A primary whose node still carried a stale
+	// claim timeout (a primary: its term) it reports Alone or Fenced. A primary whose node still carried a stale
 	// unreachable taint was once judged lost in that second, and its secondary, which had just
 	// lost the claim and fenced itself, was promoted over it: no copy of the VM was left running.
 	healthy := side.State == ftv1.SideProtected || side.State == ftv1.SideAlone || side.State == ftv1.SideClaiming ||
