@@ -153,7 +153,7 @@ test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part toget
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-kubevirt
-test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs and RBAC from virt-operator's install strategy: the launcher pods it builds for lockstep's members and for plain VMs are sized as lockstep's placement counts, and lockstep's policies change members' pods only. Not in make test yet: a cold KubeVirt build costs about 10 minutes of CI.
+test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-api and virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs, RBAC and webhooks from virt-operator's install strategy: members pass virt-api's admission unchanged, its eviction interceptor evacuates a drained member, lockstep's Plugin passes its validator, launcher pods are sized as placement counts, lockstep's policies change members' pods only. Not in make test yet: a cold KubeVirt build costs about 10 minutes of CI.
 	hack/gotest.sh kubevirt -count=1 -timeout 10m -v ./test/kubevirt/...
 
 .PHONY: test-scale

@@ -210,6 +210,24 @@ func Build(ftvm *ftv1.FaultTolerantVM, tmpl ftv1.VMITemplate, m Member, opts Opt
 	return vmi, nil
 }
 
+// noHotplug pins a member's guest memory and CPU sockets to what it has. KubeVirt's defaults
+// (virt-api's VMI mutator, under the default VM rollout strategy LiveUpdate) give every VMI that
+// names no maximum room to hot-plug into: four times its guest memory (the domain's maxMemory)
+// and four times its sockets (vCPUs defined but disabled). A member is never hot-plugged
+// (admission refuses hotplug in a template), and the COLO tiers run the domain without that room:
+// so the maximum is named, equal to what the member has, and KubeVirt adds nothing
+// (test/kubevirt, against virt-api). A template that names no sockets keeps none: KubeVirt's
+// room is its sockets times four, none, unless the cluster sets liveUpdateConfiguration's
+// maxCpuSockets (docs/kubevirt.md), and a maximum of one would make KubeVirt list every vCPU in
+// the domain.
+func noHotplug(d *virtv1.DomainSpec) {
+	guest := d.Memory.Guest.DeepCopy()
+	d.Memory.MaxGuest = &guest
+	if d.CPU != nil && d.CPU.Sockets > 0 {
+		d.CPU.MaxSockets = d.CPU.Sockets
+	}
+}
+
 // reserveInFull makes every resource a reservation (paper 2.1): guest memory == memory request ==
 // limit, CPU request == limit == vCPUs, so that the pod is of Guaranteed QoS and the secondary
 // never runs short of what the primary has.
@@ -221,6 +239,7 @@ func reserveInFull(spec *virtv1.VirtualMachineInstanceSpec, opts Options) {
 		d.Memory = &virtv1.Memory{}
 	}
 	d.Memory.Guest = &mem
+	noHotplug(d)
 	if d.Resources.Requests == nil {
 		d.Resources.Requests = corev1.ResourceList{}
 	}

@@ -63,6 +63,10 @@ func TestBuildReservesInFullAndPins(t *testing.T) {
 	if !d.CPU.DedicatedCPUPlacement {
 		t.Error("dedicated CPU placement not set")
 	}
+	// No room to hot-plug into: KubeVirt's defaults would add four times the memory and sockets.
+	if d.Memory.MaxGuest == nil || d.Memory.MaxGuest.Cmp(*d.Memory.Guest) != 0 || d.CPU.MaxSockets != 2 {
+		t.Errorf("hotplug room: maxGuest %v (guest %v), maxSockets %d (sockets 2)", d.Memory.MaxGuest, d.Memory.Guest, d.CPU.MaxSockets)
+	}
 	if *vmi.Spec.EvictionStrategy != virtv1.EvictionStrategyExternal || vmi.Spec.PriorityClassName != "ft" {
 		t.Errorf("eviction %v, priority class %q", *vmi.Spec.EvictionStrategy, vmi.Spec.PriorityClassName)
 	}

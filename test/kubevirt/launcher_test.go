@@ -1,9 +1,10 @@
 // Package kubevirt_test puts KubeVirt's own code in the loop (make test-kubevirt): KubeVirt
-// v1.9.0's virt-controller, built from its module (make kubevirt-assets), runs against a real
-// kube-apiserver with KubeVirt's CRDs and RBAC as virt-operator generates them, and builds the
-// launcher pods of the VMIs that lockstep's operator builds. What lockstep assumes of those pods
-// is checked against them: their size, which placement counts, and what lockstep's admission
-// policies add to members' pods and to no other.
+// v1.9.0's virt-api and virt-controller, built from its module (make kubevirt-assets), run against
+// a real kube-apiserver with KubeVirt's CRDs, RBAC and webhooks as virt-operator generates them.
+// The VMIs that lockstep's operator builds pass KubeVirt's own admission, and what lockstep
+// assumes of KubeVirt is checked against it: what virt-api's mutator leaves of a member, the
+// launcher pods' size, which placement counts, what lockstep's admission policies add to
+// members' pods and to no other, and how virt-api's eviction interceptor answers a drain.
 package kubevirt_test
 
 import (
@@ -25,7 +26,6 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
-	"github.com/lockstep-dev/lockstep/internal/member"
 	"github.com/lockstep-dev/lockstep/test/apitest"
 )
 
@@ -111,31 +111,19 @@ func TestLockstepsPoliciesChangeMembersLaunchersOnly(t *testing.T) {
 	}
 }
 
-// builtMember is a member VMI as the operator builds it (member.Build, with COLO), of a
-// FaultTolerantVM name whose template has guest memory and vCPUs and one disk on a claim, created.
+// builtMember is a member VMI as the operator builds it (chartCOLO), of a FaultTolerantVM name
+// whose template has guest memory and vCPUs and one disk on a claim, created.
 func builtMember(t *testing.T, name, role, memory string, cores uint32) *virtv1.VirtualMachineInstance {
 	t.Helper()
 	guest := resource.MustParse(memory)
-	claim := name + "-root"
 	tmpl := ftv1.VMITemplate{Spec: virtv1.VirtualMachineInstanceSpec{
 		Domain: virtv1.DomainSpec{CPU: &virtv1.CPU{Cores: cores}, Memory: &virtv1.Memory{Guest: &guest},
 			Devices: virtv1.Devices{Disks: []virtv1.Disk{{Name: "root", DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}}}}},
 		Volumes: []virtv1.Volume{{Name: "root", VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
-			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}},
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: name + "-root"}}}}},
 	}}
 	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(name + "-uid")}, Spec: ftv1.FaultTolerantVMSpec{Template: tmpl}}
-	ordinal := 1
-	if role == ftv1.RoleSecondary {
-		ordinal = 2
-	}
-	vmi, err := member.Build(ftvm, member.Normalize(ftvm.UID, tmpl), member.Member{Ordinal: ordinal, Role: role, Node: "node-" + fmt.Sprint(ordinal),
-		Claims:    map[string]string{"root": claim},
-		DiskSizes: map[string]resource.Quantity{"root": resource.MustParse("1Gi")}, DiskBytes: member.DiskBytes{"root": 1 << 30}, Since: time.Now()},
-		member.Options{COLO: member.COLO{Enabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ensureClaim(t, claim)
+	vmi := buildMember(t, ftvm, role, chartCOLO)
 	create(t, vmi)
 	return vmi
 }

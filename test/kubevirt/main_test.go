@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/scheme"
 	"github.com/lockstep-dev/lockstep/test/apitest"
+	"github.com/lockstep-dev/lockstep/test/pki"
 )
 
 // kubevirtNamespace is where the install strategy puts KubeVirt (hack/kubevirtstrategy's default).
@@ -33,11 +35,12 @@ var (
 	root          string
 	k8s           client.Client
 	controllerLog string
+	virtAPILog    string
 )
 
 // TestMain starts the API server with KubeVirt's CRDs and RBAC from its install strategy, the
-// KubeVirt CR as a user sets it for emulation, and virt-controller as its ServiceAccount, as the
-// strategy's Deployment runs it.
+// KubeVirt CR as a user sets it for emulation, and virt-api and virt-controller as their
+// ServiceAccounts, as the strategy's Deployments run them.
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -64,6 +67,19 @@ func run(m *testing.M) int {
 		}
 	}
 	env := &envtest.Environment{BinaryAssetsDirectory: filepath.Join(root, "bin", "k8s"), CRDInstallOptions: envtest.CRDInstallOptions{CRDs: crds}}
+	certs, err := os.MkdirTemp("", "kubevirt-certs")
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = os.RemoveAll(certs) }()
+	// One CA stands for the cluster's front proxy CA and virt-operator's.
+	ca, err := pki.NewCA("kubevirt-test")
+	if err != nil {
+		return fail(err)
+	}
+	if err := frontProxy(env, certs, ca); err != nil {
+		return fail(err)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		return fail(err)
@@ -94,6 +110,16 @@ func run(m *testing.M) int {
 	if err := startKubeVirt(ctx); err != nil {
 		return fail(err)
 	}
+	apiUser, err := env.AddUser(envtest.User{Name: "system:serviceaccount:kubevirt:kubevirt-apiserver",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kubevirt", "system:authenticated"}}, nil)
+	if err != nil {
+		return fail(err)
+	}
+	stopAPI, err := startVirtAPI(ctx, apiUser, strategy, kubevirtBin, ca)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopAPI()
 	controller, err := env.AddUser(envtest.User{Name: "system:serviceaccount:kubevirt:kubevirt-controller",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kubevirt", "system:authenticated"}}, nil)
 	if err != nil {
@@ -107,16 +133,18 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// startKubeVirt creates the KubeVirt CR, as a user sets it on a cluster without KVM, and marks it
-// deployed as virt-operator does once KubeVirt runs (virt-controller takes useEmulation only then).
+// startKubeVirt creates the KubeVirt CR, as a user sets it on a cluster without KVM, and writes
+// its status as virt-operator does once KubeVirt runs: deployed (virt-controller takes
+// useEmulation only then), with the default architecture, its own (virt-api's VMI mutator gives
+// it to VMIs that name none, and its validator refuses a VMI without one).
 func startKubeVirt(ctx context.Context) error {
 	kv := &virtv1.KubeVirt{ObjectMeta: metav1.ObjectMeta{Namespace: kubevirtNamespace, Name: "kubevirt"},
 		Spec: virtv1.KubeVirtSpec{Configuration: virtv1.KubeVirtConfiguration{DeveloperConfiguration: &virtv1.DeveloperConfiguration{
-			UseEmulation: true, FeatureGates: []string{"Sidecar"}}}}}
+			UseEmulation: true, FeatureGates: []string{"Sidecar", "Plugins"}}}}}
 	if err := k8s.Create(ctx, kv); err != nil {
 		return err
 	}
-	kv.Status.Phase = virtv1.KubeVirtPhaseDeployed
+	kv.Status.Phase, kv.Status.DefaultArchitecture = virtv1.KubeVirtPhaseDeployed, goruntime.GOARCH
 	return k8s.Status().Update(ctx, kv)
 }
 
@@ -144,11 +172,7 @@ func startVirtController(user *envtest.AuthenticatedUser, strategy []*unstructur
 	if err != nil {
 		return nil, err
 	}
-	for i := range args {
-		if args[i] == "--port" && i+1 < len(args) {
-			args[i+1] = strconv.Itoa(port)
-		}
-	}
+	setArg(args, "--port", strconv.Itoa(port))
 	controllerLog = filepath.Join(dir, "virt-controller.log")
 	out, err := os.Create(controllerLog)
 	if err != nil {

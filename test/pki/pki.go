@@ -1,6 +1,6 @@
 // Package pki makes, in memory, a CA and the per-node certificates that the operator's signer
 // issues to lockstepd in a cluster, for tests: TLS configurations, or the files lockstepd reads
-// (tls.crt, tls.key, ca.crt).
+// (tls.crt, tls.key, ca.crt); and key pairs for other programs a test runs.
 package pki
 
 import (
@@ -31,9 +31,18 @@ type CA struct {
 // New makes a CA.
 func New(tb testing.TB, name string) *CA {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := NewCA(name)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return ca
+}
+
+// NewCA makes a CA, for a caller without a testing.TB (a TestMain).
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
@@ -42,12 +51,46 @@ func New(tb testing.TB, name string) *CA {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	cert, _ := x509.ParseCertificate(der)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &CA{cert: cert, key: key, Pool: pool}
+	return &CA{cert: cert, key: key, Pool: pool}, nil
+}
+
+// PEM is the CA's certificate, as a caBundle or a CA file holds it.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+// WriteKeyPair issues a server-and-client certificate named cn, valid for dnsNames and
+// 127.0.0.1, and writes it and its key as PEM to certFile and keyFile: for a program that reads
+// its certificate from files (an API server's front proxy, KubeVirt's virt-api).
+func (ca *CA) WriteKeyPair(certFile, keyFile, cn string, dnsNames ...string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		DNSNames: dnsNames, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return err
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
 }
 
 // issue makes a server-and-client certificate for node's lockstepd, as the operator's signer
