@@ -153,7 +153,7 @@ test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part toget
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-kubevirt
-test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-api and virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs, RBAC and webhooks from virt-operator's install strategy: members pass virt-api's admission unchanged, its eviction interceptor evacuates a drained member, lockstep's Plugin passes its validator, launcher pods are sized as placement counts, lockstep's policies change members' pods only. Not in make test yet: a cold KubeVirt build costs about 10 minutes of CI.
+test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-api and virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs, RBAC and webhooks from virt-operator's install strategy: members pass virt-api's admission unchanged, KubeVirt's converter defines the reference domains, its eviction interceptor evacuates a drained member, lockstep's Plugin passes its validator, launcher pods are sized as placement counts, lockstep's policies change members' pods only. Not in make test yet: a cold KubeVirt build costs about 10 minutes of CI.
 	hack/gotest.sh kubevirt -count=1 -timeout 10m -v ./test/kubevirt/...
 
 .PHONY: test-scale
@@ -207,8 +207,8 @@ envtest-assets: ## Build (once, cached) kube-apiserver and etcd from source into
 	hack/build-k8s-binaries.sh kube-apiserver etcd
 
 .PHONY: kubevirt-assets
-kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api, virt-controller and virt-launcher from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it. Not in make test yet: the local cluster still runs the KubeVirt double (docs/kubevirt.md).
-	hack/build-kubevirt.sh virt-operator virt-api virt-controller virt-launcher virt-launcher-monitor resource-generator
+kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api, virt-controller and virt-launcher, and hack/kubevirt/domainxml (KubeVirt's converter as a command), from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it. Not in make test yet: the local cluster still runs the KubeVirt double (docs/kubevirt.md).
+	hack/build-kubevirt.sh virt-operator virt-api virt-controller virt-launcher virt-launcher-monitor resource-generator domainxml
 	test -s $(BIN)/kubevirt/install-strategy.yaml || go run ./hack/kubevirtstrategy -virt-operator $(BIN)/kubevirt/virt-operator -out $(BIN)/kubevirt/install-strategy.yaml
 	test -s $(BIN)/kubevirt/kubevirt-crd.yaml || $(BIN)/kubevirt/resource-generator --type=kv --namespace=kubevirt > $(BIN)/kubevirt/kubevirt-crd.yaml
 

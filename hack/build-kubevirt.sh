@@ -5,9 +5,10 @@
 #   hack/build-kubevirt.sh [component ...]   (default: virt-operator virt-api virt-controller)
 #
 # components: virt-operator virt-api virt-controller virt-handler virt-launcher
-#             virt-launcher-monitor virt-probe virt-freezer virt-chroot resource-generator
+#             virt-launcher-monitor virt-probe virt-freezer virt-chroot resource-generator domainxml
 # (resource-generator is KubeVirt's tool that writes virt-operator's own manifests: the KubeVirt CRD,
-# the operator's RBAC, the priority class)
+# the operator's RBAC, the priority class; domainxml is lockstep's, hack/kubevirt/domainxml: the
+# domain KubeVirt's converter makes of a VMI, cached under the hash of its source)
 # Binaries are cached under ~/.cache/lockstep/kubevirt/<version>/ and linked into bin/kubevirt/.
 #
 # The module builds from a throwaway module of lockstep's that requires it, with these
@@ -35,12 +36,20 @@ LINK_DIR="$ROOT/bin/kubevirt"
 # shellcheck source=hack/debs.sh
 . "$ROOT/hack/debs.sh"
 
-COMPONENTS=(virt-operator virt-api virt-controller virt-handler virt-launcher virt-launcher-monitor virt-probe virt-freezer virt-chroot resource-generator)
+COMPONENTS=(virt-operator virt-api virt-controller virt-handler virt-launcher virt-launcher-monitor virt-probe virt-freezer virt-chroot resource-generator domainxml)
 # package PROGRAM: its Go package in the module.
 package() {
   case "$1" in
     resource-generator) echo "kubevirt.io/kubevirt/tools/$1" ;;
+    domainxml) echo "./domainxml" ;;
     *) echo "kubevirt.io/kubevirt/cmd/$1" ;;
+  esac
+}
+# cached NAME: the cached binary of NAME; lockstep's own tool is cached under its source's hash.
+cached() {
+  case "$1" in
+    domainxml) echo "$OUT/domainxml-$(cat "$ROOT/hack/kubevirt/domainxml/main.go" | sha256sum | cut -c1-12)" ;;
+    *) echo "$OUT/$1" ;;
   esac
 }
 components=("$@")
@@ -128,6 +137,10 @@ build() {
   local name="$1" ldflags cgo=0 pcpath="" sysroot=""
   ldflags="-s -w -X kubevirt.io/client-go/version.gitVersion=$KUBEVIRT_VERSION -X kubevirt.io/client-go/version.gitTreeState=clean -X kubevirt.io/client-go/version.buildDate=1970-01-01T00:00:00Z"
   case "$name" in
+    domainxml)
+      rm -rf "$SRC/domainxml" && mkdir -p "$SRC/domainxml"
+      cp "$ROOT/hack/kubevirt/domainxml/main.go" "$SRC/domainxml/"
+      ;;
     virt-launcher|virt-handler)
       libvirt_dev
       cgo=1 sysroot="$LIBVIRT_SYSROOT" pcpath="$LIBVIRT_SYSROOT/usr/lib/x86_64-linux-gnu/pkgconfig"
@@ -135,17 +148,17 @@ build() {
   esac
   (cd "$SRC" && CGO_ENABLED=$cgo PKG_CONFIG_PATH="$pcpath" PKG_CONFIG_SYSROOT_DIR="$sysroot" \
     go build -trimpath -ldflags "$ldflags" -o "$OUT/$name.tmp" "$(package "$name")")
-  mv "$OUT/$name.tmp" "$OUT/$name"
+  mv "$OUT/$name.tmp" "$(cached "$name")"
 }
 
 for c in "${components[@]}"; do
   [[ " ${COMPONENTS[*]} " == *" $c "* ]] || { echo "unknown component $c (one of: ${COMPONENTS[*]})" >&2; exit 2; }
-  if [ ! -x "$OUT/$c" ]; then
+  if [ ! -x "$(cached "$c")" ]; then
     prepare
     echo ">> building $c ($KUBEVIRT_VERSION), cached in $OUT" >&2
     start=$(date +%s)
     build "$c"
     echo ">> built $c in $(( $(date +%s) - start ))s" >&2
   fi
-  ln -sfn "$OUT/$c" "$LINK_DIR/$c"
+  ln -sfn "$(cached "$c")" "$LINK_DIR/$c"
 done

@@ -1,0 +1,138 @@
+package kubevirt_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	virtv1 "kubevirt.io/api/core/v1"
+	"libvirt.org/go/libvirtxml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
+	"github.com/lockstep-dev/lockstep/internal/member"
+)
+
+// The reference domains (internal/domainhook/testdata/kubevirt-v1.9), which the hook's unit tests
+// rewrite and the KubeVirt double's launcher generates, were written from a reading of KubeVirt's
+// converter. Here KubeVirt's own converter writes them: the member VMI that each describes, built
+// by member.Build and admitted by virt-api (a dry run: its mutator's defaults, nothing stored), goes
+// through Convert_v1_VirtualMachineInstance_To_api_Domain and KubeVirt's domain defaulter
+// (hack/kubevirt/domainxml, as virt-launcher's SyncVMI calls them), and the result must be the
+// reference, element for element. Only the identifiers of this run are put back to the
+// reference's: the VMI's UID, which the API server assigns.
+
+func TestKubeVirtsConverterDefinesTheReferenceDomains(t *testing.T) {
+	for _, c := range []struct {
+		reference string
+		efi       bool
+	}{{"q35-seabios.xml", false}, {"q35-ovmf.xml", true}} {
+		t.Run(c.reference, func(t *testing.T) {
+			vmi := referenceMember(t, c.efi)
+			got := kubevirtDomain(t, vmi)
+			raw, err := os.ReadFile(filepath.Join(root, "internal", "domainhook", "testdata", "kubevirt-v1.9", c.reference))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const refUID = "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b" // the reference VMI's UID
+			got = strings.ReplaceAll(got, string(vmi.UID), refUID)
+			var gotDom, refDom libvirtxml.Domain
+			if err := gotDom.Unmarshal(got); err != nil {
+				t.Fatalf("KubeVirt's domain: %v\n%s", err, got)
+			}
+			if err := refDom.Unmarshal(string(raw)); err != nil {
+				t.Fatal(err)
+			}
+			// KubeVirt's metadata is opaque XML to libvirtxml: compared without its indentation.
+			bare := func(d *libvirtxml.Domain) string { return strings.Join(strings.Fields(d.Metadata.XML), "") }
+			if bare(&gotDom) != bare(&refDom) {
+				t.Errorf("metadata:\n%s\n--- the reference's:\n%s", gotDom.Metadata.XML, refDom.Metadata.XML)
+			}
+			gotDom.Metadata, refDom.Metadata = nil, nil
+			want, err := refDom.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			have, err := gotDom.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if have != want {
+				t.Errorf("KubeVirt's converter defines another domain than the reference:\n%s\n--- the reference:\n%s", have, want)
+			}
+		})
+	}
+}
+
+// referenceMember is the member VMI the reference domains describe (their header comment): demo/
+// counter-1, the primary of the FaultTolerantVM counter, as member.Build makes it under COLO and
+// virt-api's mutator defaults it (a dry-run create: stored nowhere).
+func referenceMember(t *testing.T, efi bool) *virtv1.VirtualMachineInstance {
+	t.Helper()
+	ctx := context.Background()
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	guest := resource.MustParse("1Gi")
+	disk := func(name string) virtv1.Disk {
+		return virtv1.Disk{Name: name, DiskDevice: virtv1.DiskDevice{Disk: &virtv1.DiskTarget{Bus: virtv1.DiskBusVirtio}}}
+	}
+	claim := func(name, claim string) virtv1.Volume {
+		return virtv1.Volume{Name: name, VolumeSource: virtv1.VolumeSource{PersistentVolumeClaim: &virtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}
+	}
+	spec := virtv1.VirtualMachineInstanceSpec{
+		Domain: virtv1.DomainSpec{
+			CPU: &virtv1.CPU{Cores: 2}, Memory: &virtv1.Memory{Guest: &guest},
+			Devices: virtv1.Devices{
+				Disks:      []virtv1.Disk{disk("rootdisk"), disk("datadisk"), disk("cloudinit")},
+				Interfaces: []virtv1.Interface{{Name: "vmnet", MacAddress: "02:6c:73:00:00:01", InterfaceBindingMethod: virtv1.InterfaceBindingMethod{Bridge: &virtv1.InterfaceBridge{}}}},
+			},
+		},
+		Networks: []virtv1.Network{{Name: "vmnet", NetworkSource: virtv1.NetworkSource{Multus: &virtv1.MultusNetwork{NetworkName: "vmnet", Default: true}}}},
+		Volumes: []virtv1.Volume{claim("rootdisk", "counter-root"), claim("datadisk", "counter-data"),
+			{Name: "cloudinit", VolumeSource: virtv1.VolumeSource{CloudInitNoCloud: &virtv1.CloudInitNoCloudSource{UserData: "#cloud-config\n"}}}},
+	}
+	if efi {
+		spec.Domain.Firmware = &virtv1.Firmware{Bootloader: &virtv1.Bootloader{EFI: &virtv1.EFI{SecureBoot: new(false)}}}
+	}
+	ftvm := &ftv1.FaultTolerantVM{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "counter", UID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a"},
+		Spec: ftv1.FaultTolerantVMSpec{Template: ftv1.VMITemplate{Spec: spec}}}
+	vmi, err := member.Build(ftvm, member.Normalize(ftvm.UID, ftvm.Spec.Template), member.Member{Ordinal: 1, Role: ftv1.RolePrimary, Node: "node-1",
+		Claims:    map[string]string{"rootdisk": "counter-root", "datadisk": "counter-data"},
+		DiskSizes: map[string]resource.Quantity{"rootdisk": resource.MustParse("1Gi"), "datadisk": resource.MustParse("1Gi")},
+		Since:     time.Now()}, member.Options{COLO: chartCOLO})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Create(ctx, vmi, client.DryRunAll); err != nil {
+		t.Fatalf("virt-api's admission of the reference member: %v", err)
+	}
+	return vmi
+}
+
+// kubevirtDomain is the domain XML KubeVirt's converter makes of vmi (hack/kubevirt/domainxml).
+func kubevirtDomain(t *testing.T, vmi *virtv1.VirtualMachineInstance) string {
+	t.Helper()
+	in, err := json.Marshal(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(filepath.Join(root, "bin", "kubevirt", "domainxml"))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("domainxml: %v\n%s", err, errOut.String())
+	}
+	return out.String()
+}
