@@ -207,8 +207,8 @@ envtest-assets: ## Build (once, cached) kube-apiserver and etcd from source into
 	hack/build-k8s-binaries.sh kube-apiserver etcd
 
 .PHONY: kubevirt-assets
-kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api, virt-controller and virt-launcher, and hack/kubevirt/domainxml (KubeVirt's converter as a command), from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it. Not in make test yet: the local cluster still runs the KubeVirt double (docs/kubevirt.md).
-	hack/build-kubevirt.sh virt-operator virt-api virt-controller virt-launcher virt-launcher-monitor resource-generator domainxml
+kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api and virt-controller, and hack/kubevirt/domainxml (KubeVirt's converter as a command), from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why; virt-launcher on demand: hack/build-kubevirt.sh virt-launcher), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it. Not in make test yet: the local cluster still runs the KubeVirt double (docs/kubevirt.md).
+	hack/build-kubevirt.sh virt-operator virt-api virt-controller resource-generator domainxml
 	test -s $(BIN)/kubevirt/install-strategy.yaml || go run ./hack/kubevirtstrategy -virt-operator $(BIN)/kubevirt/virt-operator -out $(BIN)/kubevirt/install-strategy.yaml
 	test -s $(BIN)/kubevirt/kubevirt-crd.yaml || $(BIN)/kubevirt/resource-generator --type=kv --namespace=kubevirt > $(BIN)/kubevirt/kubevirt-crd.yaml
 

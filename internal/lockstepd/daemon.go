@@ -13,15 +13,18 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -146,9 +149,27 @@ func (d *Daemon) SetupWithManager(mgr ctrl.Manager) error {
 		return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: p}}}
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("lockstepd").
+		WithOptions(controller.Options{RateLimiter: retryLimiter()}).
 		Watches(&virtv1.VirtualMachineInstance{}, toPair).
 		WatchesRawSource(source.Channel(d.changes, toPair)).
 		Complete(d)
+}
+
+// retryCap bounds how long lockstepd waits to retry a pair whose reconcile failed. Its writes
+// report members' states and delete fenced members, which the operator waits for: after an API
+// server outage they must go through soon after it is back, not after controller-runtime's
+// default backoff, which doubles up to 1000 s (a primary that claimed through a 27 s outage was
+// deleted 40 s after the API server returned). A node holds a few members, so the API server gets
+// at most a few retries a second from each lockstepd.
+const retryCap = 2 * time.Second
+
+// retryLimiter is controller-runtime's default rate limiter (a per-pair backoff from 5 ms, and
+// 10 retries a second overall, bursts of 100) with the backoff capped at retryCap.
+func retryLimiter() workqueue.TypedRateLimiter[ctrl.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[ctrl.Request](5*time.Millisecond, retryCap),
+		&workqueue.TypedBucketRateLimiter[ctrl.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }
 
 // serve listens for FT log connections and streams, and publishes their advertised addresses on

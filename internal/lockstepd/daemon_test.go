@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/agent"
 	"github.com/lockstep-dev/lockstep/internal/engine"
@@ -132,5 +135,24 @@ func TestLastResyncStatus(t *testing.T) {
 	if got.Secondary != "vm-3" || !*got.Incremental || *got.CopiedBytes != 1<<20 || *got.DurationMilliseconds != 1235 ||
 		!got.CompletionTime.Time.Equal(at.Truncate(time.Second)) {
 		t.Fatalf("got %+v", got)
+	}
+}
+
+// A pair whose reconcile failed for as long as an API server outage lasts is retried within
+// retryCap of the API server's return, not after controller-runtime's default backoff (which
+// doubles up to 1000 s): a fenced member's VMI is deleted, and the operator replaces it, soon after.
+func TestAPairIsRetriedWithinRetryCapAfterALongOutage(t *testing.T) {
+	l := retryLimiter()
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "vm"}}
+	var last time.Duration
+	for range 40 { // 40 failed attempts: far more than a 30 s outage makes
+		last = l.When(req)
+	}
+	if last > retryCap || last < retryCap/2 {
+		t.Fatalf("after 40 failures a pair is retried in %s, want at most %s (and backing off to it)", last, retryCap)
+	}
+	l.Forget(req)
+	if first := l.When(req); first > 100*time.Millisecond {
+		t.Fatalf("a pair that succeeded and then failed once is retried in %s", first)
 	}
 }

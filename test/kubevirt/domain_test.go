@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,18 +124,105 @@ func referenceMember(t *testing.T, efi bool) *virtv1.VirtualMachineInstance {
 	return vmi
 }
 
-// kubevirtDomain is the domain XML KubeVirt's converter makes of vmi (hack/kubevirt/domainxml).
-func kubevirtDomain(t *testing.T, vmi *virtv1.VirtualMachineInstance) string {
+// kubevirtDomain is the domain XML KubeVirt's converter makes of vmi (hack/kubevirt/domainxml,
+// with args).
+func kubevirtDomain(t *testing.T, vmi *virtv1.VirtualMachineInstance, args ...string) string {
+	t.Helper()
+	out, err := kubevirtDomainErr(t, vmi, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// kubevirtDomainErr is kubevirtDomain, its failure returned with what domainxml said.
+func kubevirtDomainErr(t *testing.T, vmi *virtv1.VirtualMachineInstance, args ...string) (string, error) {
 	t.Helper()
 	in, err := json.Marshal(vmi)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	cmd := exec.Command(filepath.Join(root, "bin", "kubevirt", "domainxml"))
+	cmd := exec.Command(filepath.Join(root, "bin", "kubevirt", "domainxml"), args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(in), &out, &errOut
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("domainxml: %v\n%s", err, errOut.String())
+		return "", fmt.Errorf("domainxml: %w: %s", err, strings.TrimSpace(errOut.String()))
 	}
-	return out.String()
+	return out.String(), nil
+}
+
+// TestLockstepsPluginCallsTheHookForMembersOnly: with lockstep's Plugin registered
+// (config/kubevirt-plugin), KubeVirt's launcher code (plugins.ApplyDomainHooks, as virt-launcher
+// calls it at boot) skips the hook for a plain VM, whose domain is left as it was, and calls it
+// for a member, which fails here (no hook sidecar serves its socket) and, by the Plugin's failure
+// strategy, does not start as a plain VM. The same Plugin without its condition stops the plain
+// VM too: the condition is what keeps lockstep from every other VM of the cluster.
+func TestLockstepsPluginCallsTheHookForMembersOnly(t *testing.T) {
+	objs, err := readObjects(filepath.Join(root, "config", "kubevirt-plugin", "plugin.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plugin map[string]any
+	for _, u := range objs {
+		if u.GetKind() == "Plugin" {
+			plugin = u.Object
+		}
+	}
+	if plugin == nil {
+		t.Fatal("config/kubevirt-plugin/plugin.yaml has no Plugin")
+	}
+	withCondition := pluginsFile(t, plugin)
+	unconditional := maps.Clone(plugin)
+	spec := maps.Clone(plugin["spec"].(map[string]any))
+	delete(spec, "condition")
+	unconditional["spec"] = spec
+	withoutCondition := pluginsFile(t, unconditional)
+
+	plain := plainVMI(t, "plugin-plain", "1Gi", 0)
+	admitted := vmiOf(t, plain)
+	// (Compared as libvirt reads them: the Plugins' pass adds the qemu XML namespace.)
+	if got, want := canonicalDomain(t, kubevirtDomain(t, admitted, "--plugins", withCondition)), canonicalDomain(t, kubevirtDomain(t, admitted)); got != want {
+		t.Errorf("lockstep's Plugin changed a plain VM's domain:\n%s\n--- without it:\n%s", got, want)
+	}
+	// Both wait for the hook's socket as long as virt-launcher does (30 s): side by side.
+	m := referenceMember(t, false)
+	var errPlain, errMember error
+	var wg sync.WaitGroup
+	wg.Go(func() { _, errPlain = kubevirtDomainErr(t, admitted, "--plugins", withoutCondition) })
+	wg.Go(func() { _, errMember = kubevirtDomainErr(t, m, "--plugins", withCondition) })
+	wg.Wait()
+	if errPlain == nil || !strings.Contains(errPlain.Error(), "plugin lockstep") {
+		t.Errorf("lockstep's Plugin without its condition on a plain VM: %v; want the hook called and the VM failing", errPlain)
+	}
+	if errMember == nil || !strings.Contains(errMember.Error(), "plugin lockstep") {
+		t.Errorf("a member with lockstep's Plugin and no hook sidecar: %v; want the hook called and the member failing", errMember)
+	}
+}
+
+// pluginsFile writes plugins as the JSON list domainxml's --plugins reads.
+func pluginsFile(t *testing.T, plugins ...map[string]any) string {
+	t.Helper()
+	data, err := json.Marshal(plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "plugins.json")
+	if err := os.WriteFile(f, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// canonicalDomain is domain XML as libvirtxml reads and writes it.
+func canonicalDomain(t *testing.T, xml string) string {
+	t.Helper()
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(xml); err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

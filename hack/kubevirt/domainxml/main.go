@@ -6,13 +6,15 @@
 //
 //	domainxml [flags] < vmi.json > domain.xml
 //
-// Of what virt-launcher does after the converter, before the hook sidecars are called, it does
-// the two steps that change the domain's XML, with KubeVirt's own functions: each disk's cache and
-// I/O mode (SetDriverCacheMode, SetOptimalIOMode) and each tap interface's target and MTU (as
-// virt-launcher's TapLibvirtSpecGenerator finds them on the pod's links). It writes no file (the
-// cloud-init ISO, the NVRAM) and calls no hook. Node facts are flags: whether /dev/kvm is there,
-// the launcher image's OVMF files, whether the disks' file system takes O_DIRECT, the pod link's
-// MTU.
+// Of what virt-launcher does after the converter, it does the two steps that change the domain's
+// XML, with KubeVirt's own functions: each disk's cache and I/O mode (SetDriverCacheMode,
+// SetOptimalIOMode) and each tap interface's target and MTU (as virt-launcher's
+// TapLibvirtSpecGenerator finds them on the pod's links). With --plugins it then applies the
+// cluster's KubeVirt Plugins as virt-launcher does at boot (plugins.ApplyDomainHooks: their CEL
+// conditions on the VMI, their sidecars called). It writes no file (the cloud-init ISO, the NVRAM)
+// and calls no hook sidecar of the Sidecar feature gate. Node facts are flags: whether /dev/kvm is
+// there, the launcher image's OVMF files, whether the disks' file system takes O_DIRECT, the pod
+// link's MTU.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 	"strconv"
 
 	v1 "kubevirt.io/api/core/v1"
+	pluginv1alpha1 "kubevirt.io/api/plugin/v1alpha1"
 
 	cmdv1 "kubevirt.io/kubevirt/pkg/handler-launcher-com/cmd/v1"
 	"kubevirt.io/kubevirt/pkg/network/domainspec"
@@ -37,6 +40,7 @@ import (
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/arch"
 	convertertypes "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/types"
+	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/plugins"
 )
 
 func main() {
@@ -45,8 +49,19 @@ func main() {
 	efiVars := flag.String("efi-vars", "/usr/share/edk2/ovmf/OVMF_VARS.fd", "the launcher image's OVMF variables template for an EFI guest without secure boot")
 	directIO := flag.Bool("direct-io", true, "the disks' file system takes O_DIRECT (then their cache mode is none)")
 	mtu := flag.Int("pod-mtu", 1500, "the MTU of the pod's links behind the VM's tap interfaces")
+	pluginsFile := flag.String("plugins", "", "a JSON list of KubeVirt Plugins: their domain hooks are applied as virt-launcher applies them at boot (conditions evaluated, sidecars called)")
 	flag.Parse()
 	node := nodeFacts{kvm: *kvm, efiCode: *efiCode, efiVars: *efiVars, directIO: *directIO, mtu: *mtu}
+	if *pluginsFile != "" {
+		data, err := os.ReadFile(*pluginsFile)
+		if err == nil {
+			err = json.Unmarshal(data, &node.plugins)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "domainxml: the plugins:", err)
+			os.Exit(2)
+		}
+	}
 	if err := run(os.Stdin, os.Stdout, node); err != nil {
 		fmt.Fprintln(os.Stderr, "domainxml:", err)
 		os.Exit(1)
@@ -59,6 +74,8 @@ type nodeFacts struct {
 	efiCode, efiVars string
 	directIO         bool
 	mtu              int
+	// plugins are the cluster's KubeVirt Plugins.
+	plugins []pluginv1alpha1.Plugin
 }
 
 func run(in io.Reader, out io.Writer, node nodeFacts) error {
@@ -108,6 +125,12 @@ func run(in io.Reader, out io.Writer, node nodeFacts) error {
 	if err := tapTargets(vmi, domain, node.mtu); err != nil {
 		return err
 	}
+	// The Plugins' domain hooks, as virt-launcher calls them before it defines the domain.
+	spec, _, err := plugins.ApplyDomainHooks(node.plugins, vmi, &domain.Spec, pluginv1alpha1.InvocationContextBoot)
+	if err != nil {
+		return fmt.Errorf("KubeVirt's Plugins: %w", err)
+	}
+	domain.Spec = *spec
 	data, err := xml.MarshalIndent(domain.Spec, "", "\t")
 	if err != nil {
 		return err
