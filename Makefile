@@ -96,7 +96,7 @@ verify: manifests generate ## Fail if generated files (CRDs, RBAC, deepcopy, the
 ##@ Test
 
 .PHONY: test
-test: verify lint test-unit test-rules test-images test-envtest test-install test-dataplane test-vm test-libvirt test-e2e test-scale test-helm test-fullstack test-chaos ## Everything CI runs.
+test: verify lint test-unit test-rules test-images test-envtest test-install test-kubevirt test-dataplane test-vm test-libvirt test-e2e test-scale test-helm test-fullstack test-chaos ## Everything CI runs.
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests: placement, health, member, validation, ftlog, gate, channel, the lockstepd agent; the test doubles and the fault proxy.
@@ -153,7 +153,7 @@ test-fullstack: vm-assets libvirt-assets debian-guest-assets ## Every part toget
 	hack/gotest.sh fullstack -tags fullstack -count=1 -timeout 45m -v ./test/fullstack/... -ginkgo.v -ginkgo.timeout=45m
 
 .PHONY: test-kubevirt
-test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-api and virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs, RBAC and webhooks from virt-operator's install strategy: members pass virt-api's admission unchanged, KubeVirt's converter defines the reference domains, its eviction interceptor evacuates a drained member, lockstep's Plugin passes its validator, launcher pods are sized as placement counts, lockstep's policies change members' pods only. Not in make test yet: a cold KubeVirt build costs about 10 minutes of CI.
+test-kubevirt: envtest-assets kubevirt-assets ## KubeVirt's own virt-api and virt-controller (v1.9.0, make kubevirt-assets) against a real API server with KubeVirt's CRDs, RBAC and webhooks from virt-operator's install strategy: members pass virt-api's admission unchanged, KubeVirt's converter defines the reference domains, its eviction interceptor evacuates a drained member, lockstep's Plugin passes its validator, launcher pods are sized as placement counts, lockstep's policies change members' pods only.
 	hack/gotest.sh kubevirt -count=1 -timeout 10m -v ./test/kubevirt/...
 
 .PHONY: test-scale
@@ -207,7 +207,7 @@ envtest-assets: ## Build (once, cached) kube-apiserver and etcd from source into
 	hack/build-k8s-binaries.sh kube-apiserver etcd
 
 .PHONY: kubevirt-assets
-kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api and virt-controller, and hack/kubevirt/domainxml (KubeVirt's converter as a command), from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why; virt-launcher on demand: hack/build-kubevirt.sh virt-launcher), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it. Not in make test yet: the local cluster still runs the KubeVirt double (docs/kubevirt.md).
+kubevirt-assets: envtest-assets ## Build (once, cached) KubeVirt v1.9.0's own virt-operator, virt-api and virt-controller, and hack/kubevirt/domainxml (KubeVirt's converter as a command), from its Go module into bin/kubevirt (hack/build-kubevirt.sh, which lists the modules it replaces and why; virt-launcher on demand: hack/build-kubevirt.sh virt-launcher), its install strategy as virt-operator generates it (bin/kubevirt/install-strategy.yaml) and the KubeVirt CRD as KubeVirt's resource-generator writes it.
 	hack/build-kubevirt.sh virt-operator virt-api virt-controller resource-generator domainxml
 	test -s $(BIN)/kubevirt/install-strategy.yaml || go run ./hack/kubevirtstrategy -virt-operator $(BIN)/kubevirt/virt-operator -out $(BIN)/kubevirt/install-strategy.yaml
 	test -s $(BIN)/kubevirt/kubevirt-crd.yaml || $(BIN)/kubevirt/resource-generator --type=kv --namespace=kubevirt > $(BIN)/kubevirt/kubevirt-crd.yaml

@@ -86,6 +86,8 @@ type Agent struct {
 	arb    engine.Arbiter
 	mux    Registrar
 	events chan func()
+	// stopped is closed once Run has returned: nothing reads events any more.
+	stopped chan struct{}
 
 	// appendMu serializes Append with the replacement of the channel, so that a position is
 	// computed against the log it was appended to.
@@ -134,7 +136,7 @@ func New(cfg Config, vm engine.Engine, arb engine.Arbiter, mux Registrar) *Agent
 	if cfg.ClaimTimeout <= 0 {
 		cfg.ClaimTimeout = 5 * time.Second
 	}
-	a := &Agent{cfg: cfg, vm: vm, arb: arb, mux: mux, events: make(chan func(), 16), pgate: &processGate{}}
+	a := &Agent{cfg: cfg, vm: vm, arb: arb, mux: mux, events: make(chan func(), 16), stopped: make(chan struct{}), pgate: &processGate{}}
 	a.gates = []outputGate{a.pgate}
 	if cfg.Primary {
 		a.side = failover.Side{State: failover.Claiming, WasPrimary: true}
@@ -147,6 +149,7 @@ func New(cfg Config, vm engine.Engine, arb engine.Arbiter, mux Registrar) *Agent
 
 // Run runs the agent until ctx ends or the side is fenced and its VM stopped.
 func (a *Agent) Run(ctx context.Context) error {
+	defer close(a.stopped)
 	defer a.shutdown()
 	if !a.attach(ctx) {
 		if a.State() == failover.Fenced {
@@ -220,10 +223,20 @@ func (a *Agent) attach(ctx context.Context) bool {
 	}
 }
 
-// post runs fn on the agent's loop.
+// post runs fn on the agent's loop. Once the loop has ended (the side fenced and its VM stopped,
+// or the agent stopped) fn is dropped: nothing would run it, and the caller must not wait for
+// it. lockstepd tells a fenced member's agent of its peer on every reconcile of the pair until
+// the member's VMI is gone; with the loop ended, the seventeenth such call filled the channel and
+// held lockstepd's only reconcile worker for good (CI, after an API server outage).
 func (a *Agent) post(ctx context.Context, fn func()) {
 	select {
+	case <-a.stopped:
+		return
+	default:
+	}
+	select {
 	case a.events <- fn:
+	case <-a.stopped:
 	case <-ctx.Done():
 	}
 }

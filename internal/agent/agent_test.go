@@ -572,3 +572,37 @@ func TestAnAlonePrimaryWithALogOutClaimsFromItsNewSecondary(t *testing.T) {
 		t.Fatalf("DropSecondary %v with the record at epoch %d, the primary %s; want nil once it holds epoch 3, alone", got.err, got.epoch, p.a.agent.State())
 	}
 }
+
+// A fenced side's agent has ended its loop, but lockstepd tells it of its peer on every
+// reconcile of the pair until its VMI is deleted (after an API server outage, every 2 s): none
+// of these calls may wait for the loop that will never read them. The seventeenth once held
+// lockstepd's only reconcile worker for good. DropSecondary answers that the side is fenced.
+func TestAFencedAgentIsToldOfItsPeerWithoutWaiting(t *testing.T) {
+	p := newPair(t)
+	a := p.start(t, "a", true, p.tlsA, nil)
+	waitState(t, a, failover.Alone)
+	a.agent.Fence(context.Background(), "the operator fenced it")
+	select {
+	case err := <-a.done:
+		if !errors.Is(err, engine.ErrFenced) {
+			t.Fatalf("the fenced agent's Run returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fenced agent's Run did not return")
+	}
+	done := make(chan error, 1)
+	go func() {
+		for range 100 {
+			a.agent.SetPeer(context.Background(), agent.Peer{VMI: "b", Node: "node-b", Addr: "127.0.0.1:1"})
+		}
+		done <- a.agent.DropSecondary(context.Background(), "the protection broke")
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, engine.ErrFenced) {
+			t.Fatalf("DropSecondary on a fenced side: %v, want ErrFenced", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("telling a fenced agent of its peer 100 times, then dropping its secondary, did not return in 10 s")
+	}
+}

@@ -159,6 +159,9 @@ func (a *Agent) DropSecondary(ctx context.Context, why string) error {
 	var from start
 	select {
 	case from = <-started:
+	case <-a.stopped:
+		// (The loop ended before it ran the question: the side was fenced, or lockstepd stops.)
+		return engine.ErrFenced
 	case <-ctx.Done():
 		return ctx.Err()
 	}
