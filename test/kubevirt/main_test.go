@@ -148,15 +148,35 @@ func startKubeVirt(ctx context.Context) error {
 	return k8s.Status().Update(ctx, kv)
 }
 
-// startVirtController runs virt-controller with the arguments and environment of the install
-// strategy's Deployment, its port (metrics, health) moved to a free one on loopback, and returns what
-// stops it. Its output goes to controllerLog.
+// startVirtController runs virt-controller as user (startComponent). Its output goes to
+// controllerLog.
 func startVirtController(user *envtest.AuthenticatedUser, strategy []*unstructured.Unstructured, bin string) (func(), error) {
+	c, err := startComponent(user, strategy, bin, "virt-controller", nil)
+	if err != nil {
+		return nil, err
+	}
+	controllerLog = c.log
+	return c.stop, nil
+}
+
+// component is a KubeVirt component running as a process.
+type component struct {
+	// dir holds its kubeconfig, its log and what the caller put there; removed by stop unless
+	// KUBEVIRT_KEEP_LOGS is set.
+	dir, log string
+	port     int
+	stop     func()
+}
+
+// startComponent runs the KubeVirt component name as user, with the arguments and environment of
+// the install strategy's Deployment, its port moved to a free one on loopback, and the arguments
+// that extra returns for its directory (certificates it wrote there, say).
+func startComponent(user *envtest.AuthenticatedUser, strategy []*unstructured.Unstructured, bin, name string, extra func(dir string) ([]string, error)) (*component, error) {
 	kubeconfig, err := user.KubeConfig()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "virt-controller")
+	dir, err := os.MkdirTemp("", name)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +184,7 @@ func startVirtController(user *envtest.AuthenticatedUser, strategy []*unstructur
 	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
-	args, env, err := deploymentCommand(strategy, "virt-controller")
+	args, env, err := deploymentCommand(strategy, name)
 	if err != nil {
 		return nil, err
 	}
@@ -173,24 +193,33 @@ func startVirtController(user *envtest.AuthenticatedUser, strategy []*unstructur
 		return nil, err
 	}
 	setArg(args, "--port", strconv.Itoa(port))
-	controllerLog = filepath.Join(dir, "virt-controller.log")
-	out, err := os.Create(controllerLog)
+	args = append(args, "--listen", "127.0.0.1", "--kubeconfig", kc)
+	if extra != nil {
+		more, err := extra(dir)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, more...)
+	}
+	c := &component{dir: dir, log: filepath.Join(dir, name+".log"), port: port}
+	out, err := os.Create(c.log)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(bin, "virt-controller"), append(args, "--listen", "127.0.0.1", "--kubeconfig", kc)...)
+	cmd := exec.Command(filepath.Join(bin, name), args...)
 	cmd.Env, cmd.Stdout, cmd.Stderr = append(os.Environ(), env...), out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return func() {
+	c.stop = func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = out.Close()
 		if os.Getenv("KUBEVIRT_KEEP_LOGS") == "" {
 			_ = os.RemoveAll(dir)
 		}
-	}, nil
+	}
+	return c, nil
 }
 
 // deploymentCommand is the arguments and environment of the first container of the strategy's

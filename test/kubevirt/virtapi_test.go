@@ -6,10 +6,8 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,74 +54,40 @@ func frontProxy(env *envtest.Environment, dir string, ca *pki.CA) error {
 	return nil
 }
 
-// startVirtAPI runs virt-api as user with the strategy's arguments, its certificates issued by ca
-// (as virt-operator issues them from its own CA), waits until it serves, and installs its webhook
+// startVirtAPI runs virt-api as user (startComponent), its certificates issued by ca (as
+// virt-operator issues them from its own CA), waits until it serves, and installs its webhook
 // configurations pointing at it. It returns what stops it; its output goes to virtAPILog.
 func startVirtAPI(ctx context.Context, user *envtest.AuthenticatedUser, strategy []*unstructured.Unstructured, bin string, ca *pki.CA) (func(), error) {
-	dir, err := os.MkdirTemp("", "virt-api")
-	if err != nil {
-		return nil, err
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, err
-	}
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
-		return nil, err
-	}
-	serving, servingKey := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := ca.WriteKeyPair(serving, servingKey, "virt-api", "virt-api."+kubevirtNamespace+".svc"); err != nil {
-		return nil, err
-	}
-	handler, handlerKey := filepath.Join(dir, "handler.crt"), filepath.Join(dir, "handler.key")
-	if err := ca.WriteKeyPair(handler, handlerKey, "kubevirt.io:system:client:virt-handler"); err != nil {
-		return nil, err
-	}
 	// The CA virt-api trusts for virt-handler's certificates, as virt-operator publishes it.
 	if err := k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: kubevirtNamespace, Name: "kubevirt-ca"},
 		Data: map[string]string{"ca-bundle": string(ca.PEM())}}); err != nil {
 		return nil, err
 	}
-	args, env, err := deploymentCommand(strategy, "virt-api")
-	if err != nil {
-		return nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	setArg(args, "--port", strconv.Itoa(port))
-	args = append(args, "--listen", "127.0.0.1", "--kubeconfig", kc, "--tls-cert-file", serving, "--tls-key-file", servingKey,
-		"--handler-cert-file", handler, "--handler-key-file", handlerKey)
-	virtAPILog = filepath.Join(dir, "virt-api.log")
-	out, err := os.Create(virtAPILog)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(bin, "virt-api"), args...)
-	cmd.Env, cmd.Stdout, cmd.Stderr = append(os.Environ(), env...), out, out
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	stop := func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = out.Close()
-		if os.Getenv("KUBEVIRT_KEEP_LOGS") == "" {
-			_ = os.RemoveAll(dir)
+	c, err := startComponent(user, strategy, bin, "virt-api", func(dir string) ([]string, error) {
+		serving, servingKey := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		if err := ca.WriteKeyPair(serving, servingKey, "virt-api", "virt-api."+kubevirtNamespace+".svc"); err != nil {
+			return nil, err
 		}
+		handler, handlerKey := filepath.Join(dir, "handler.crt"), filepath.Join(dir, "handler.key")
+		if err := ca.WriteKeyPair(handler, handlerKey, "kubevirt.io:system:client:virt-handler"); err != nil {
+			return nil, err
+		}
+		return []string{"--tls-cert-file", serving, "--tls-key-file", servingKey, "--handler-cert-file", handler, "--handler-key-file", handlerKey}, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	virtAPILog = c.log
+	addr := fmt.Sprintf("127.0.0.1:%d", c.port)
 	if err := waitServing(addr, ca, 2*time.Minute); err != nil {
-		stop()
+		c.stop()
 		return nil, fmt.Errorf("virt-api: %w\n%s", err, tail(virtAPILog, 30))
 	}
 	if err := installWebhooks(ctx, strategy, "https://"+addr, ca); err != nil {
-		stop()
+		c.stop()
 		return nil, err
 	}
-	return stop, nil
+	return c.stop, nil
 }
 
 // waitServing waits until addr completes a TLS handshake with a certificate ca issued: virt-api
