@@ -68,18 +68,7 @@ func (ca *CA) PEM() []byte {
 // 127.0.0.1, and writes it and its key as PEM to certFile and keyFile: for a program that reads
 // its certificate from files (an API server's front proxy, KubeVirt's virt-api).
 func (ca *CA) WriteKeyPair(certFile, keyFile, cn string, dnsNames ...string) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		DNSNames: dnsNames, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	der, key, err := ca.sign(cn, dnsNames...)
 	if err != nil {
 		return err
 	}
@@ -97,22 +86,32 @@ func (ca *CA) WriteKeyPair(certFile, keyFile, cn string, dnsNames ...string) err
 // issues it (its common name names the node; nodecert), with the DNS name "lockstepd".
 func (ca *CA) issue(tb testing.TB, node string) ([]byte, *ecdsa.PrivateKey) {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := ca.sign(nodecert.CommonName(node), "lockstepd")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return der, key
+}
+
+// sign makes a server-and-client certificate named cn, valid for dnsNames and 127.0.0.1, for a
+// day, and its key.
+func (ca *CA) sign(cn string, dnsNames ...string) ([]byte, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: nodecert.CommonName(node)},
-		DNSNames: []string{"lockstepd"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		DNSNames: dnsNames, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
-	return der, key
+	return der, key, nil
 }
 
 // TLSConfig issues a certificate for node and returns a TLS configuration that presents it,
