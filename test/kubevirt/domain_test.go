@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/test/virtlauncher"
 )
 
 // The reference domains (internal/domainhook/testdata/kubevirt-v1.9), which the hook's unit tests
@@ -149,6 +151,32 @@ func kubevirtDomainErr(t *testing.T, vmi *virtv1.VirtualMachineInstance, args ..
 		return "", fmt.Errorf("domainxml: %w: %s", err, strings.TrimSpace(errOut.String()))
 	}
 	return out.String(), nil
+}
+
+// TestTheDoubleCountsPCIDevicesAsKubeVirt: the KubeVirt double's launcher calls the hook as
+// often as KubeVirt's define sequence does only if it counts the domain's PCI devices as KubeVirt
+// does (they size the root ports KubeVirt adds for hot-plug, and whether it calls the hook a third
+// time): KubeVirt's count (converter.CountPCIDevices) and the double's, of the domains KubeVirt's
+// converter makes of the reference member (SeaBIOS and OVMF) and of a plain VM.
+func TestTheDoubleCountsPCIDevicesAsKubeVirt(t *testing.T) {
+	plain := vmiOf(t, plainVMI(t, "pci-plain", "1Gi", 0))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), plain) })
+	for name, vmi := range map[string]*virtv1.VirtualMachineInstance{
+		"member": referenceMember(t, false), "member-efi": referenceMember(t, true), "plain": plain,
+	} {
+		var d libvirtxml.Domain
+		if err := d.Unmarshal(kubevirtDomain(t, vmi)); err != nil {
+			t.Fatal(err)
+		}
+		want, err := strconv.Atoi(strings.TrimSpace(kubevirtDomain(t, vmi, "--pci-devices")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := virtlauncher.PCIDevices(&d); got != want {
+			t.Errorf("%s: the double counts %d PCI devices, KubeVirt %d", name, got, want)
+		}
+		t.Logf("%s: %d PCI devices; the hook is called %d times", name, want, virtlauncher.Calls(&d))
+	}
 }
 
 // TestLockstepsPluginCallsTheHookForMembersOnly: with lockstep's Plugin registered

@@ -1,7 +1,6 @@
 package virtlauncher
 
 import (
-	"os"
 	"strings"
 	"testing"
 
@@ -19,14 +18,7 @@ func TestTheDoubleGeneratesKubeVirtsDomain(t *testing.T) {
 }
 
 func generatesKubeVirtsDomain(t *testing.T, reference string, efi bool) {
-	raw, err := os.ReadFile("../../internal/domainhook/testdata/kubevirt-v1.9/" + reference)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref libvirtxml.Domain
-	if err := ref.Unmarshal(string(raw)); err != nil {
-		t.Fatal(err)
-	}
+	ref := referenceDomain(t, reference)
 	spec := DomainSpec{Name: "demo_counter-1", UUID: "6d1a7f0e-2c84-5b43-9a6e-3f2b1c0d9e8a", VMIUID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
 		VM: colo.VM{MemoryMB: 1024, Tap: "tap0", MAC: "02:6c:73:00:00:01"}, VCPUs: 2, Interface: "vmnet",
 		Disks: []Disk{{Name: "rootdisk", Kind: Claim}, {Name: "datadisk", Kind: Claim}, {Name: "cloudinit", Kind: NoCloud},
@@ -34,7 +26,7 @@ func generatesKubeVirtsDomain(t *testing.T, reference string, efi bool) {
 	gen := KubeVirtDomain(spec)
 	// KubeVirt's metadata is opaque XML to libvirtxml: compared without its indentation.
 	bare := func(d *libvirtxml.Domain) string { return strings.Join(strings.Fields(d.Metadata.XML), "") }
-	if bare(gen) != bare(&ref) {
+	if bare(gen) != bare(ref) {
 		t.Errorf("metadata %s, want %s", gen.Metadata.XML, ref.Metadata.XML)
 	}
 	gen.Metadata, ref.Metadata = nil, nil

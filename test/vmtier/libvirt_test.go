@@ -567,74 +567,87 @@ func TestLibvirtHoldsACOLOMember(t *testing.T) {
 // (internal/domainhook/testdata/kubevirt-v1.9, SeaBIOS and OVMF), for a primary and a secondary,
 // with the hook binary over its socket and a real libvirt daemon: libvirt takes the hook's first
 // output (with the hot-plug placeholder NICs), the hook takes libvirt's read-back of it, and
-// libvirt takes the second output, which is then a COLO member. The reference's type and CPU are
-// changed as the double's launcher changes them (no KVM here).
+// libvirt takes the second output, which is then a COLO member. With 3 GiB of memory KubeVirt
+// wants more free root ports than the placeholders reserve: it appends them to the second output
+// and calls the hook a third time, and libvirt's domain keeps them. The reference's type and CPU
+// are changed as the double's launcher changes them (no KVM here).
 func TestLibvirtDefinesTheHooksDomains(t *testing.T) {
 	c := newCluster(t, 1)
 	c.viaLibvirt = true
 	hook := c.hookBinary()
-	for _, ref := range []string{"q35-seabios.xml", "q35-ovmf.xml"} {
-		for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
-			t.Run(strings.TrimSuffix(ref, ".xml")+"/"+role, func(t *testing.T) {
-				d := referenceDomain(t, ref)
-				state, err := os.MkdirTemp("", "lv")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = os.RemoveAll(state) })
-				h, err := virtlauncher.StartHook(hook, state, c.runDir, filepath.Join(state, "hook.log"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(h.Stop)
-				lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, c.launcherShares(), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(lv.Kill)
-				vmi, err := json.Marshal(&virtv1.VirtualMachineInstance{
-					ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "counter-1", UID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
-						Labels: map[string]string{ftv1.LabelPair: "counter", ftv1.LabelRole: role}, Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}},
+	rootPorts := map[string]int{} // of libvirt's domain, by reference and role, at 1 GiB
+	for _, gib := range []uint{1, 3} {
+		for _, ref := range []string{"q35-seabios.xml", "q35-ovmf.xml"} {
+			for _, role := range []string{ftv1.RolePrimary, ftv1.RoleSecondary} {
+				t.Run(fmt.Sprintf("%s/%s/%dGiB", strings.TrimSuffix(ref, ".xml"), role, gib), func(t *testing.T) {
+					d := referenceDomain(t, ref)
+					d.Memory = &libvirtxml.DomainMemory{Value: gib << 30, Unit: "b"}
+					state, err := os.MkdirTemp("", "lv")
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = os.RemoveAll(state) })
+					h, err := virtlauncher.StartHook(hook, state, c.runDir, filepath.Join(state, "hook.log"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(h.Stop)
+					lv, err := virtlauncher.StartLibvirtd(filepath.Join(state, "lv"), c.nodes[0].ns, c.launcherShares(), nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(lv.Kill)
+					vmi, err := json.Marshal(&virtv1.VirtualMachineInstance{
+						ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "counter-1", UID: "0c4e2f1a-7b3d-4e5f-9a1b-2c3d4e5f6a7b",
+							Labels: map[string]string{ftv1.LabelPair: "counter", ftv1.LabelRole: role}, Annotations: map[string]string{ftv1.AnnotationReplicatedDisk: "rootdisk"}},
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					calls := 0
+					_, err = virtlauncher.DefineSequence(d, func(in []byte) ([]byte, error) {
+						calls++
+						return h.OnDefineDomain(ctx, in, vmi)
+					}, func(x []byte) ([]byte, error) { return lv.Define(filepath.Join(state, "domain.xml"), x) })
+					if err != nil {
+						t.Fatalf("%v\n%s", err, lv.LogTail())
+					}
+					// With the placeholders, then on the read-back; above 2 GiB once more with root ports.
+					if want := map[uint]int{1: 2, 3: 3}[gib]; calls != want {
+						t.Errorf("the hook was called %d times, want %d", calls, want)
+					}
+					defined, err := lv.Virsh("dumpxml", "--inactive", "demo_counter-1")
+					if err != nil {
+						t.Fatal(err)
+					}
+					defined = strings.ReplaceAll(defined, "'", `"`) // libvirt quotes with '
+					var nic libvirtxml.Domain
+					if err := nic.Unmarshal(defined); err != nil || len(nic.Devices.Interfaces) != 1 || nic.Devices.Interfaces[0].Driver == nil || nic.Devices.Interfaces[0].Driver.Name != "qemu" {
+						t.Errorf("libvirt's domain: the NIC is not the VM's one in userspace (vhost off) (%v):\n%s", err, defined)
+					}
+					ports := strings.Count(defined, `model="pcie-root-port"`)
+					if key := ref + role; gib == 1 {
+						rootPorts[key] = ports
+					} else if ports != rootPorts[key]+virtlauncher.ExtraRootPorts(d) || ports == rootPorts[key] {
+						t.Errorf("libvirt's domain at %d GiB has %d root ports, at 1 GiB %d; want KubeVirt's %d more", gib, ports, rootPorts[key], virtlauncher.ExtraRootPorts(d))
+					}
+					for _, want := range []string{"qmp.sock", "driver=quorum", `<source dev="/dev/null"`, "<qemu:override>", "<emulator>" + kubevirthook.LockstepQEMU + "</emulator>"} {
+						if !strings.Contains(defined, want) {
+							t.Errorf("libvirt's domain lacks %s:\n%s", want, defined)
+						}
+					}
+					for _, not := range []string{"placeholder-", `<alias name="ua-colo-active"/>`, `<alias name="ua-colo-hidden"/>`} {
+						if strings.Contains(defined, not) {
+							t.Errorf("libvirt's domain has %s:\n%s", not, defined)
+						}
+					}
+					if sec := strings.Contains(defined, "-incoming"); sec != (role == ftv1.RoleSecondary) {
+						t.Errorf("a %s with -incoming %v:\n%s", role, sec, defined)
+					}
 				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				calls := 0
-				_, err = virtlauncher.DefineSequence(d, func(in []byte) ([]byte, error) {
-					calls++
-					return h.OnDefineDomain(ctx, in, vmi)
-				}, func(x []byte) ([]byte, error) { return lv.Define(filepath.Join(state, "domain.xml"), x) })
-				if err != nil {
-					t.Fatalf("%v\n%s", err, lv.LogTail())
-				}
-				if calls != 2 {
-					t.Errorf("the hook was called %d times, want 2 (with the placeholders, then on the read-back)", calls)
-				}
-				defined, err := lv.Virsh("dumpxml", "--inactive", "demo_counter-1")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defined = strings.ReplaceAll(defined, "'", `"`) // libvirt quotes with '
-				var nic libvirtxml.Domain
-				if err := nic.Unmarshal(defined); err != nil || len(nic.Devices.Interfaces) != 1 || nic.Devices.Interfaces[0].Driver == nil || nic.Devices.Interfaces[0].Driver.Name != "qemu" {
-					t.Errorf("libvirt's domain: the NIC is not the VM's one in userspace (vhost off) (%v):\n%s", err, defined)
-				}
-				for _, want := range []string{"qmp.sock", "driver=quorum", `<source dev="/dev/null"`, "<qemu:override>", "<emulator>" + kubevirthook.LockstepQEMU + "</emulator>"} {
-					if !strings.Contains(defined, want) {
-						t.Errorf("libvirt's domain lacks %s:\n%s", want, defined)
-					}
-				}
-				for _, not := range []string{"placeholder-", `<alias name="ua-colo-active"/>`, `<alias name="ua-colo-hidden"/>`} {
-					if strings.Contains(defined, not) {
-						t.Errorf("libvirt's domain has %s:\n%s", not, defined)
-					}
-				}
-				if sec := strings.Contains(defined, "-incoming"); sec != (role == ftv1.RoleSecondary) {
-					t.Errorf("a %s with -incoming %v:\n%s", role, sec, defined)
-				}
-			})
+			}
 		}
 	}
 }

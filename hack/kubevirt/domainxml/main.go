@@ -14,7 +14,8 @@
 // conditions on the VMI, their sidecars called). It writes no file (the cloud-init ISO, the NVRAM)
 // and calls no hook sidecar of the Sidecar feature gate. Node facts are flags: whether /dev/kvm is
 // there, the launcher image's OVMF files, whether the disks' file system takes O_DIRECT, the pod
-// link's MTU.
+// link's MTU. With --pci-devices it writes how many of the domain's devices KubeVirt counts as
+// taking a PCI slot, which sizes the root ports virt-launcher adds for hot-plug.
 package main
 
 import (
@@ -49,9 +50,10 @@ func main() {
 	efiVars := flag.String("efi-vars", "/usr/share/edk2/ovmf/OVMF_VARS.fd", "the launcher image's OVMF variables template for an EFI guest without secure boot")
 	directIO := flag.Bool("direct-io", true, "the disks' file system takes O_DIRECT (then their cache mode is none)")
 	mtu := flag.Int("pod-mtu", 1500, "the MTU of the pod's links behind the VM's tap interfaces")
+	pciDevices := flag.Bool("pci-devices", false, "write, instead of the domain, how many of its devices KubeVirt counts as taking a PCI slot (converter.CountPCIDevices, which virt-launcher's hot-plug port allocation counts on this domain)")
 	pluginsFile := flag.String("plugins", "", "a JSON list of KubeVirt Plugins: their domain hooks are applied as virt-launcher applies them at boot (conditions evaluated, sidecars called)")
 	flag.Parse()
-	node := nodeFacts{kvm: *kvm, efiCode: *efiCode, efiVars: *efiVars, directIO: *directIO, mtu: *mtu}
+	node := nodeFacts{kvm: *kvm, efiCode: *efiCode, efiVars: *efiVars, directIO: *directIO, mtu: *mtu, pciDevices: *pciDevices}
 	if *pluginsFile != "" {
 		data, err := os.ReadFile(*pluginsFile)
 		if err == nil {
@@ -76,6 +78,8 @@ type nodeFacts struct {
 	mtu              int
 	// plugins are the cluster's KubeVirt Plugins.
 	plugins []pluginv1alpha1.Plugin
+	// pciDevices: write the domain's count of PCI devices, not the domain.
+	pciDevices bool
 }
 
 func run(in io.Reader, out io.Writer, node nodeFacts) error {
@@ -131,6 +135,14 @@ func run(in io.Reader, out io.Writer, node nodeFacts) error {
 		return fmt.Errorf("KubeVirt's Plugins: %w", err)
 	}
 	domain.Spec = *spec
+	if node.pciDevices {
+		n, err := converter.CountPCIDevices(&domain.Spec)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(out, n)
+		return err
+	}
 	data, err := xml.MarshalIndent(domain.Spec, "", "\t")
 	if err != nil {
 		return err
