@@ -23,6 +23,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/member"
+	"github.com/lockstep-dev/lockstep/test/kubevirtcontrol"
 )
 
 // virt-api's own admission, in front of every VMI lockstep creates: its VMI mutator and validator,
@@ -243,7 +244,7 @@ func runLauncher(t *testing.T, vmi *virtv1.VirtualMachineInstance, node string) 
 	deadline := time.Now().Add(60 * time.Second)
 	for vmiOf(t, vmi).Status.NodeName != node {
 		if time.Now().After(deadline) {
-			t.Fatalf("virt-controller did not hand %s over to %s in 60 s: %+v\nvirt-controller's last lines:\n%s", vmi.Name, node, vmiOf(t, vmi).Status, tail(controllerLog, 20))
+			t.Fatalf("virt-controller did not hand %s over to %s in 60 s: %+v\nvirt-controller's last lines:\n%s", vmi.Name, node, vmiOf(t, vmi).Status, kubevirtcontrol.Tail(controllerLog, 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

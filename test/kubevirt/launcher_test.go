@@ -10,7 +10,6 @@ package kubevirt_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/internal/kubevirtsize"
 	"github.com/lockstep-dev/lockstep/test/apitest"
+	"github.com/lockstep-dev/lockstep/test/kubevirtcontrol"
 )
 
 const ns = "vms"
@@ -184,7 +184,7 @@ func launcherOf(t *testing.T, vmi *virtv1.VirtualMachineInstance) *corev1.Pod {
 			cur := &virtv1.VirtualMachineInstance{}
 			_ = k8s.Get(ctx, client.ObjectKeyFromObject(vmi), cur)
 			t.Fatalf("virt-controller made %d launcher pods for %s in 90 s; the VMI's conditions: %+v\nvirt-controller's last lines:\n%s",
-				len(pods.Items), vmi.Name, cur.Status.Conditions, tail(controllerLog, 30))
+				len(pods.Items), vmi.Name, cur.Status.Conditions, kubevirtcontrol.Tail(controllerLog, 30))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -237,16 +237,4 @@ func waitForPolicies(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
