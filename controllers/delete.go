@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,21 +40,13 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 	if err := r.APIReader.List(ctx, &vmis, client.InNamespace(ftvm.Namespace), client.MatchingLabels{ftv1.LabelPair: ftvm.Name}); err != nil {
 		return ctrl.Result{}, err
 	}
-	remaining := 0
-	for i := range vmis.Items {
-		v := &vmis.Items[i]
-		if !metav1.IsControlledBy(v, ftvm) {
-			continue
-		}
-		remaining++
-		mv := &memberView{vmi: v, node: v.Labels[ftv1.LabelNode]}
-		if err := r.retire(ctx, s, mv, ftv1.ReasonHalted, "the FaultTolerantVM is deleted"); err != nil {
-			return ctrl.Result{}, err
-		}
+	remaining, requeue, err := r.endMembers(ctx, s, ftvm, vmis.Items)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	if remaining > 0 {
-		// VMI deletions wake us; the requeue covers a member stuck on a lost node.
-		return ctrl.Result{RequeueAfter: r.Config.RetryInterval}, nil
+		// VMI deletions wake us; the requeue covers a member whose node is lost.
+		return ctrl.Result{RequeueAfter: requeue}, nil
 	}
 
 	kept, err := r.retainCurrentDisks(ctx, ftvm)
@@ -119,4 +112,42 @@ func (r *FaultTolerantVMReconciler) reconcileDelete(ctx context.Context, ftvm *f
 func ownedOrUnclaimed(l *coordinationv1.Lease, ftvm *ftv1.FaultTolerantVM) bool {
 	owner := metav1.GetControllerOf(l)
 	return owner == nil || owner.UID == ftvm.UID
+}
+
+// endMembers retires the FaultTolerantVM's members among vmis that are not going yet, and
+// releases the launcher pods of those going on lost nodes (lostlaunchers.go). It returns how many
+// members remain and when to look again.
+func (r *FaultTolerantVMReconciler) endMembers(ctx context.Context, s *scope, ftvm *ftv1.FaultTolerantVM, vmis []virtv1.VirtualMachineInstance) (int, time.Duration, error) {
+	remaining, requeue := 0, r.Config.RetryInterval
+	var rec *record
+	for i := range vmis {
+		v := &vmis[i]
+		if !metav1.IsControlledBy(v, ftvm) {
+			continue
+		}
+		remaining++
+		mv := &memberView{vmi: v, node: v.Labels[ftv1.LabelNode]}
+		if v.DeletionTimestamp == nil {
+			if err := r.retire(ctx, s, mv, ftv1.ReasonHalted, "the FaultTolerantVM is deleted"); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		// A member on a lost node stays until its launcher pod goes.
+		if rec == nil {
+			fresh, err := r.freshRecord(ctx, ftvm)
+			if err != nil {
+				return 0, 0, err
+			}
+			rec = fresh
+		}
+		wait, err := r.releaseLostLauncher(ctx, ftvm, mv, rec)
+		if err != nil {
+			return 0, 0, err
+		}
+		if wait > 0 {
+			requeue = min(requeue, wait)
+		}
+	}
+	return remaining, requeue, nil
 }

@@ -143,6 +143,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseEvacuations,
 		r.phaseOperations,
 		r.phaseCollectDiskCopies,
+		r.phaseReleaseLostLaunchers,
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, s); err != nil {

@@ -3,9 +3,13 @@
 # kube-controller-manager and kube-scheduler (built from source by build-k8s-binaries.sh) with
 # kwok-simulated nodes, run by kwokctl's binary runtime; the KubeVirt, NAD, cert-manager and
 # monitoring CRDs; the lockstep operator running as a process with its own ServiceAccount's RBAC
-# (and, as root, in a memory cgroup with its Deployment's memory limit);
-# and the KubeVirt TEST DOUBLE (test/kubevirtdouble), the only fake in the loop. Nothing is
-# downloaded but Go modules (and, with FULL_STACK=1, the Debian packages hack/ pins).
+# (and, as root, in a memory cgroup with its Deployment's memory limit); KubeVirt v1.9.0's own
+# virt-api (built from source, hack/build-kubevirt.sh) with KubeVirt's CRDs, RBAC and webhooks from
+# its install strategy and the KubeVirt CR of hack/local-cluster-kubevirt.yaml, run by
+# test/kubevirtcontrol's kubevirt-control as virt-operator would; and the KubeVirt TEST DOUBLE
+# (test/kubevirtdouble) for the rest of KubeVirt (virt-controller's launcher pods, virt-handler and
+# virt-launcher), the only fake in the loop. Nothing is downloaded but Go modules (and, with
+# FULL_STACK=1, the Debian packages hack/ pins).
 #
 # FULL_STACK=1 (needs root) runs every part: each node gets a host (a network namespace
 # <cluster>_<node>, on a VM network, a logging network and a node network that a switch namespace
@@ -41,10 +45,10 @@
 #   hack/local-cluster.sh partition-node NAME | heal-node NAME
 #                                           FULL_STACK: cut (restore) the node's logging link
 #   hack/local-cluster.sh netns client|NODE print a namespace's name (FULL_STACK)
-#   hack/local-cluster.sh start|stop|kill operator|kubevirt-double
+#   hack/local-cluster.sh start|stop|kill operator|kubevirt-double|kubevirt-control
 #                                           manage a process (stop: SIGTERM; kill: SIGKILL)
-#   hack/local-cluster.sh logs operator|kubevirt-double   print the process's log path
-#   hack/local-cluster.sh pid operator|kubevirt-double|kube-apiserver|etcd|...  print its pid
+#   hack/local-cluster.sh logs operator|kubevirt-double|kubevirt-control|virt-api   print the process's log path
+#   hack/local-cluster.sh pid operator|kubevirt-double|kubevirt-control|kube-apiserver|etcd|...  print its pid
 #   hack/local-cluster.sh helm ARGS...      run helm against the cluster
 #
 # INSTALL=helm installs lockstep with `helm upgrade --install` of charts/lockstep and the values
@@ -58,7 +62,7 @@
 # Environment: CLUSTER_NAME (default lockstep), NODE_LOST_GRACE (operator, default 10s; with
 # INSTALL=helm it sets the chart's operator.nodeLostGrace), OPERATOR_ARGS (more operator flags),
 # FULL_STACK, INSTALL, HELM_VALUES, LOCKSTEP_CACHE, KWOKCTL_CONFIG (kwokctl's configuration, default
-# hack/kwokctl.yaml), EVICTION_WEBHOOK_PORT (the KubeVirt double's eviction interceptor, default 9445).
+# hack/kwokctl.yaml; @CLUSTER_DIR@ in it stands for the cluster's directory).
 #
 # (kwokctl v0.8.0 panics on --extra-args for kwok-controller, cluster.go:253: hence the file.)
 #
@@ -96,8 +100,10 @@ up() {
   "$ROOT/hack/tools.sh" kwokctl kwok kustomize
   if helm_install; then "$ROOT/hack/tools.sh" helm; fi
   "$ROOT/hack/test-crds.sh"
+  make -s -C "$ROOT" kubevirt-assets >/dev/null # KubeVirt's binaries and install strategy (cached)
   (cd "$ROOT" && go build -o bin/lockstep-operator ./cmd/lockstep-operator &&
-    go build -o bin/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double)
+    go build -o bin/kubevirt-double ./test/kubevirtdouble/cmd/kubevirt-double &&
+    go build -o bin/kubevirt-control ./test/kubevirtcontrol/cmd/kubevirt-control)
   if full_stack; then
     [ "$(id -u)" = 0 ] || { echo "FULL_STACK=1 needs root (network namespaces, QEMU, libvirtd)" >&2; exit 1; }
     # lockstep's QEMU, as the image that config/kubevirt mounts into members' launcher pods, under
@@ -119,27 +125,47 @@ up() {
       --kube-scheduler-binary "$K8S/kube-scheduler" \
       --etcd-binary "$K8S/etcd" \
       --kwok-controller-binary "$ROOT/bin/kwok" \
-      --config "${KWOKCTL_CONFIG:-$ROOT/hack/kwokctl.yaml}" \
+      --config "$(kwokctl_config)" \
       --kubeconfig "" --wait 2m
   else
     "$ROOT/bin/kwokctl" start cluster --name "$NAME" --wait 2m
   fi
   local zones=(a b c)
   for i in $(seq 1 "$nodes"); do node_yaml "node-$i" "zone-${zones[(i - 1) % 3]}"; done | kubectl apply -f - >/dev/null
+  start kubevirt-control
   install
+  wait_virt_api
   start kubevirt-double
   start operator
   if full_stack; then wait_hosts "$nodes"; fi
-  echo ">> cluster $NAME up: $nodes nodes, the lockstep operator and the KubeVirt test double running" >&2
+  echo ">> cluster $NAME up: $nodes nodes, KubeVirt's virt-api, the lockstep operator and the KubeVirt test double running" >&2
   echo ">> export KUBECONFIG=$KUBECONFIG_PATH" >&2
 }
 
-# install: the third-party CRDs, then lockstep's CRD, RBAC, namespace and PriorityClass.
+# kwokctl_config: kwokctl's configuration for this cluster, its @CLUSTER_DIR@ filled in.
+kwokctl_config() {
+  local out="$ROOT/bin/local-cluster/$NAME/kwokctl.yaml"
+  mkdir -p "$(dirname "$out")"
+  sed "s|@CLUSTER_DIR@|$CLUSTER_DIR|g" "${KWOKCTL_CONFIG:-$ROOT/hack/kwokctl.yaml}" >"$out"
+  echo "$out"
+}
+
+# install: the third-party CRDs (KubeVirt's come from kubevirt-control, as virt-operator applies
+# them), the KubeVirt CR as a user sets it, then lockstep's CRD, RBAC, namespace and PriorityClass.
 install() {
   local d
-  for d in kubevirt multus cert-manager monitoring; do
+  for d in multus cert-manager monitoring; do
     kubectl apply --server-side --force-conflicts -f "$ROOT/bin/test-crds/$d" >/dev/null
   done
+  local established=""
+  for _ in $(seq 1 240); do
+    established="$(kubectl get crd kubevirts.kubevirt.io -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null || true)"
+    [ "$established" = True ] && break
+    running kubevirt-control || break
+    sleep 0.5
+  done
+  [ "$established" = True ] || { echo ">> KubeVirt's CRDs are not there (kubevirt-control ended, or 2 minutes passed): see $RUN_DIR/kubevirt-control.log" >&2; exit 1; }
+  kubectl apply -f "$ROOT/hack/local-cluster-kubevirt.yaml" >/dev/null
   if helm_install; then
     local values=(-f "$ROOT/hack/local-cluster-values.yaml") f
     if full_stack; then values+=(-f "$ROOT/hack/local-cluster-values-fullstack.yaml"); fi
@@ -193,6 +219,18 @@ wait_hosts() {
     sleep 0.2
   done
   echo ">> the hosts of ${missing[*]} are not up after 2 minutes: see $RUN_DIR/kubevirt-double.log" >&2
+  exit 1
+}
+
+# wait_virt_api: until kubevirt-control has virt-api serving and its webhooks installed (it
+# installs them once virt-api answers): VMIs are admitted by KubeVirt from then on.
+wait_virt_api() {
+  for _ in $(seq 1 240); do
+    kubectl get validatingwebhookconfiguration virt-api-validator >/dev/null 2>&1 && return 0
+    running kubevirt-control || break
+    sleep 0.5
+  done
+  echo ">> virt-api is not serving (kubevirt-control ended, or 2 minutes passed): see $RUN_DIR/kubevirt-control.log" >&2
   exit 1
 }
 
@@ -297,15 +335,16 @@ start() {
         --node-lost-grace "${NODE_LOST_GRACE:-10s}" --retry-interval 10s --webhooks=false ${OPERATOR_ARGS:-})
       fi
       if full_stack; then cmd+=(--colo); fi ;;
+    kubevirt-control)
+      cmd=("$ROOT/bin/kubevirt-control" --kubeconfig "$KUBECONFIG_PATH" --bin "$ROOT/bin/kubevirt" --dir "$RUN_DIR/kubevirt") ;;
     kubevirt-double)
-      # --eviction-webhook-port: virt-api's eviction interceptor (kubectl drain of a launcher pod).
-      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH" --eviction-webhook-port "${EVICTION_WEBHOOK_PORT:-9445}")
+      cmd=("$ROOT/bin/kubevirt-double" --kubeconfig "$KUBECONFIG_PATH" --kubevirt-service-account kubevirt:kubevirt-controller)
       if full_stack; then
         cmd+=(--hosts --cluster "$NAME" --hosts-dir "$HOSTS_DIR" --lockstepd "$ROOT/bin/lockstepd" --lockstepd-skew-clock "$ROOT/bin/skewclock/lockstepd"
           --kubevirt-hook "$ROOT/bin/lockstep-kubevirt-hook" --qemu "$("$ROOT/hack/qemu.sh")" --guest "$("$ROOT/hack/debian-guest.sh")"
           --images "$QEMU_ARCHIVE")
       fi ;;
-    *) echo "unknown process $1 (operator, kubevirt-double)" >&2; exit 2 ;;
+    *) echo "unknown process $1 (operator, kubevirt-double, kubevirt-control)" >&2; exit 2 ;;
   esac
   echo "--- $(date -u +%FT%TZ) start: ${cmd[*]}" >>"$RUN_DIR/$1.log"
   local cg="" limit
@@ -382,11 +421,11 @@ remove_memory_cgroup() {
   rm -f "$f"
 }
 
-# pid_of NAME: the pid of a process of the cluster: operator, kubevirt-double, or one of kwokctl's
-# components (kube-apiserver, etcd, ...).
+# pid_of NAME: the pid of a process of the cluster: operator, kubevirt-double, kubevirt-control, or
+# one of kwokctl's components (kube-apiserver, etcd, ...).
 pid_of() {
   case "$1" in
-    operator|kubevirt-double) cat "$RUN_DIR/$1.pid" ;;
+    operator|kubevirt-double|kubevirt-control) cat "$RUN_DIR/$1.pid" ;;
     *) cat "$CLUSTER_DIR/pids/$1.pid" ;;
   esac
 }
@@ -464,6 +503,7 @@ logging_link() {
 down() {
   stop operator TERM
   stop kubevirt-double TERM # it takes the hosts down with it
+  stop kubevirt-control TERM # and virt-api with it
   if [ -x "$ROOT/bin/kwokctl" ] && exists; then
     "$ROOT/bin/kwokctl" delete cluster --name "$NAME"
   fi
@@ -484,7 +524,7 @@ down() {
 
 usage() {
   echo "usage: $0 up [NODES] | down | kubeconfig | add-node NAME [ZONE] | kill-node NAME... | revive-node|silence-node NAME | pid NAME" \
-    "| partition-node|heal-node NAME | cut-api|heal-api NAME | skew-clock NAME SECONDS | netns client|NODE | start|stop|kill operator|kubevirt-double | logs operator|kubevirt-double|COMPONENT | helm ARGS..." >&2
+    "| partition-node|heal-node NAME | cut-api|heal-api NAME | skew-clock NAME SECONDS | netns client|NODE | start|stop|kill operator|kubevirt-double|kubevirt-control | logs operator|kubevirt-double|kubevirt-control|virt-api|COMPONENT | helm ARGS..." >&2
   exit 2
 }
 
@@ -505,7 +545,7 @@ case "${1:-}" in
   start) start "$2" ;;
   stop) stop "$2" TERM ;;
   kill) stop "$2" KILL ;;
-  logs) case "$2" in operator|kubevirt-double) echo "$RUN_DIR/$2.log" ;; *) echo "$CLUSTER_DIR/logs/$2.log" ;; esac ;;
+  logs) case "$2" in operator|kubevirt-double|kubevirt-control) echo "$RUN_DIR/$2.log" ;; virt-api) echo "$RUN_DIR/kubevirt/virt-api/virt-api.log" ;; *) echo "$CLUSTER_DIR/logs/$2.log" ;; esac ;;
   pid) pid_of "$2" ;;
   helm) shift; helm "$@" ;;
   *) usage ;;

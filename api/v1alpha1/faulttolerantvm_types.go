@@ -215,6 +215,11 @@ const (
 	// take the VM's next secondary, so moving the member would leave the VM unprotected. Add room,
 	// or raise FT limits.
 	ReasonEvacuationWaiting = "EvacuationWaiting"
+	// ReasonLauncherReleased is the event of the operator deleting at once the launcher pod of a
+	// member whose node is lost: KubeVirt finishes a deleted VMI only once its pod is gone, and no
+	// kubelet ends a pod on a lost node. It does so only once the pair's record shows that nothing
+	// of the member runs the VM (another member holds the record, or its term has passed).
+	ReasonLauncherReleased = "LauncherReleased"
 )
 
 // LoggingNetwork names the dedicated Multus network that carries FT logging traffic.

@@ -118,6 +118,15 @@ func NodeWell(node *corev1.Node, now time.Time, grace time.Duration) bool {
 	return node != nil && judgeNode(node, now, grace).State == Running
 }
 
+// JudgeNode is the verdict on the node alone that a member on it gets (Judge): lost when the node
+// is deleted (node nil) or has been down for grace.
+func JudgeNode(nodeName string, node *corev1.Node, now time.Time, grace time.Duration) Verdict {
+	if node == nil {
+		return Verdict{State: Lost, Reason: ReasonNodeDeleted, Message: fmt.Sprintf("node %s was deleted", nodeName)}
+	}
+	return judgeNode(node, now, grace)
+}
+
 // judgeNode says whether a node is Ready, suspect (down for less than grace), or lost.
 func judgeNode(node *corev1.Node, now time.Time, grace time.Duration) Verdict {
 	var since time.Time

@@ -193,11 +193,18 @@ var _ = Describe("A protected VM on the full stack", Ordered, func() {
 		}, recordTermWait+10*time.Second, time.Second).Should(Succeed(), "the record is not taken from a holder whose renewals look old")
 		expectServing(cl)
 
-		By("the clock comes right (a step of three minutes forward): lockstepd restarts on it, and the VM is protected again where it runs")
+		By("the clock comes right (a step of three minutes forward): lockstepd restarts on it, and the VM is protected again")
 		skewClock(target, 0)
 		again := protected()
-		Expect(again.Status.Primary.VMI).To(Equal(p.VMI))
-		Expect(again.Status.FailoverCount).To(Equal(failovers))
+		// A primary's lockstepd restart ends its protection, and either side may keep the VM
+		// (docs/colo.md, "lockstepd restarts"): the restarted agent reclaims the record first, or
+		// the secondary hears the silence first and goes live (a run of 2026-12-07: after 507 ms).
+		if again.Status.Primary.VMI == p.VMI {
+			Expect(again.Status.FailoverCount).To(Equal(failovers))
+		} else {
+			Expect(again.Status.Primary.VMI).To(Equal(s.VMI), "only the secondary may have taken the VM over")
+			Expect(again.Status.FailoverCount).To(Equal(failovers + 1))
+		}
 	})
 
 	It("fails over a second time, from the promoted secondary", func() {

@@ -11,8 +11,8 @@
 //     there, with status.nodeName set. A VMI on a node that is not Ready is left as it is, as
 //     virt-handler on a dead node would leave it; its loss is for lockstep to notice.
 //
-// Beside them, VMController (vms.go) plays KubeVirt's VirtualMachine controller in envtest, and
-// EvictionInterceptor (eviction.go) virt-api's eviction webhook in the local cluster.
+// Beside them, VMController (vms.go) plays KubeVirt's VirtualMachine controller in envtest. (In the
+// local cluster virt-api is KubeVirt's own: test/kubevirtcontrol.)
 package kubevirtdouble
 
 import (

@@ -45,6 +45,10 @@ type Launcher struct {
 	// Domains, when set, boots member VMIs on their nodes' hosts (the local cluster's full
 	// stack), and a member's phase follows its domain rather than its pod.
 	Domains *Domains
+	// VMIWriter, when set, writes VMIs instead of Client: as one of KubeVirt's own ServiceAccounts,
+	// which alone virt-api's VMI mutator lets change a VMI's status (for anyone else it puts the
+	// old status back).
+	VMIWriter client.Client
 }
 
 // Labels of launcher pods, as KubeVirt sets them.
@@ -67,14 +71,19 @@ func (l *Launcher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err) // the pod goes with it (owner reference)
 	}
+	pod := &corev1.Pod{}
+	err := l.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: LauncherPodName(vmi.Name)}, pod)
 	if vmi.DeletionTimestamp != nil || vmi.IsFinal() {
 		if l.Domains != nil {
 			l.Domains.Destroy(req.NamespacedName)
 		}
-		return ctrl.Result{}, nil
+		if apierrors.IsNotFound(err) || (err == nil && pod.Labels[LabelCreatedBy] != string(vmi.UID)) {
+			pod = nil
+		} else if err != nil {
+			return ctrl.Result{}, err
+		}
+		return l.finish(ctx, vmi, pod)
 	}
-	pod := &corev1.Pod{}
-	err := l.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: LauncherPodName(vmi.Name)}, pod)
 	switch {
 	case apierrors.IsNotFound(err):
 		if vmi.Status.NodeName != "" || vmi.Status.Phase == virtv1.Scheduled || vmi.Status.Phase == virtv1.Running {
@@ -107,6 +116,30 @@ func (l *Launcher) createPod(ctx context.Context, vmi *virtv1.VirtualMachineInst
 	base := vmi.DeepCopy()
 	vmi.Status.Phase = virtv1.Scheduling
 	return l.patchStatus(ctx, vmi, base)
+}
+
+// finish is virt-controller's part in a deleted or final VMI's end: the launcher pod of a deleted
+// VMI is deleted; a VMI whose pod is gone becomes Failed (as its pod no longer exists); and a final
+// VMI without a pod loses the finalizer that virt-api's mutator gave it, so that its deletion
+// completes. A VMI on a node whose kubelet is gone keeps its terminating pod, and so stays until
+// the pod goes, as with KubeVirt.
+func (l *Launcher) finish(ctx context.Context, vmi *virtv1.VirtualMachineInstance, pod *corev1.Pod) (ctrl.Result, error) {
+	if pod != nil {
+		if vmi.DeletionTimestamp != nil && pod.DeletionTimestamp == nil {
+			return ctrl.Result{}, client.IgnoreNotFound(l.Delete(ctx, pod))
+		}
+		return ctrl.Result{}, nil // the pod's end brings the VMI back here
+	}
+	if !vmi.IsFinal() {
+		return l.mirror(ctx, vmi, nil)
+	}
+	if !controllerutil.ContainsFinalizer(vmi, virtv1.VirtualMachineInstanceFinalizer) && !controllerutil.ContainsFinalizer(vmi, virtv1.DeprecatedVirtualMachineInstanceFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	base := vmi.DeepCopy()
+	controllerutil.RemoveFinalizer(vmi, virtv1.VirtualMachineInstanceFinalizer)
+	controllerutil.RemoveFinalizer(vmi, virtv1.DeprecatedVirtualMachineInstanceFinalizer)
+	return ctrl.Result{}, l.patchStatus(ctx, vmi, base)
 }
 
 // Sizing is what the cluster's KubeVirt CR says that sizes launchers, as virt-controller reads it
@@ -149,10 +182,11 @@ func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string, sizing kubevi
 	labels[LabelCreatedBy] = string(vmi.UID)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace:   vmi.Namespace,
-			Name:        LauncherPodName(vmi.Name),
-			Labels:      labels,
-			Annotations: map[string]string{virtv1.MemoryOverheadAnnotationBytes: strconv.FormatInt(overhead.Value(), 10)},
+			Namespace: vmi.Namespace,
+			Name:      LauncherPodName(vmi.Name),
+			Labels:    labels,
+			// kubevirt.io/domain: the VMI's name, by which virt-api's eviction interceptor finds it.
+			Annotations: map[string]string{virtv1.MemoryOverheadAnnotationBytes: strconv.FormatInt(overhead.Value(), 10), virtv1.DomainAnnotation: vmi.Name},
 		},
 		Spec: corev1.PodSpec{
 			Affinity:                  vmi.Spec.Affinity.DeepCopy(),
@@ -263,14 +297,19 @@ func setCondition(conds []virtv1.VirtualMachineInstanceCondition, c virtv1.Virtu
 	return append(conds, c)
 }
 
-// patchStatus patches the VMI (its CRD has no status subresource, as in KubeVirt) if it changed.
+// patchStatus patches the VMI (its CRD has no status subresource, as in KubeVirt) if it changed:
+// its status, or its finalizers.
 func (l *Launcher) patchStatus(ctx context.Context, vmi, base *virtv1.VirtualMachineInstance) error {
 	patch := client.MergeFrom(base)
 	data, err := patch.Data(vmi)
 	if err != nil || string(data) == "{}" {
 		return err
 	}
-	return client.IgnoreNotFound(l.Patch(ctx, vmi, patch))
+	w := l.VMIWriter
+	if w == nil {
+		w = l.Client
+	}
+	return client.IgnoreNotFound(w.Patch(ctx, vmi, patch))
 }
 
 // SetupWithManager watches all VMIs and the launcher pods they own.

@@ -8,17 +8,18 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 	virtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,8 +37,7 @@ func main() {
 		hosts                                            bool
 		cluster, state, storage                          string
 		lockstepd, lockstepdSkewClock, hook, qemu, guest string
-		images                                           string
-		evictionPort                                     int
+		images, kubevirtSA                               string
 	)
 	flag.StringVar(&image, "launcher-image", "quay.io/kubevirt/virt-launcher:test-double", "Image named in launcher pods (never pulled: kwok runs nothing).")
 	flag.BoolVar(&hosts, "hosts", false, "Play the nodes' machines too: a network namespace per node running lockstepd, and member VMIs booted there (needs root).")
@@ -49,7 +49,7 @@ func main() {
 	flag.StringVar(&hook, "kubevirt-hook", "bin/lockstep-kubevirt-hook", "With --hosts: the hook binary.")
 	flag.StringVar(&qemu, "qemu", "", "With --hosts: hack/qemu.sh's directory, for its OVMF (which KubeVirt's launcher image carries; members' QEMU comes from their pods' image volume).")
 	flag.StringVar(&images, "images", "", "With --hosts: OCI archives, comma-separated, that serve the images launcher pods mount as image volumes (bin/images/lockstep-qemu.oci.tar: lockstep's QEMU).")
-	flag.IntVar(&evictionPort, "eviction-webhook-port", 0, "Serve virt-api's eviction interceptor (kubectl drain of a launcher pod becomes an evacuation) on 127.0.0.1 at this port, and register it with the API server (0: not served).")
+	flag.StringVar(&kubevirtSA, "kubevirt-service-account", "", "Write VMIs as this ServiceAccount of KubeVirt's, NAMESPACE:NAME (kubevirt:kubevirt-controller where virt-api runs: it lets only KubeVirt's ServiceAccounts change a VMI's status).")
 	flag.StringVar(&guest, "guest", "", "With --hosts: hack/debian-guest.sh's directory (its disk.img is what a VMI's first claim of the user's is imported from).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -62,7 +62,7 @@ func main() {
 	}
 
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, virtv1.AddToScheme, appsv1.AddToScheme, coordinationv1.AddToScheme, admissionregistrationv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, virtv1.AddToScheme, appsv1.AddToScheme, coordinationv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			fail(err, "scheme")
 		}
@@ -81,6 +81,21 @@ func main() {
 		fail(err, "manager")
 	}
 	launcher := &kubevirtdouble.Launcher{Client: mgr.GetClient(), Image: image}
+	if kubevirtSA != "" {
+		// The double stands for virt-controller and virt-handler: it writes VMIs as KubeVirt's
+		// ServiceAccount, which virt-api lets change a VMI's status (its own credentials may
+		// impersonate: the local cluster's admin).
+		ns, name, ok := strings.Cut(kubevirtSA, ":")
+		if !ok {
+			fail(fmt.Errorf("--kubevirt-service-account %q is not NAMESPACE:NAME", kubevirtSA), "flags")
+		}
+		as := rest.CopyConfig(cfg)
+		as.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + name,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+		if launcher.VMIWriter, err = client.New(as, client.Options{Scheme: scheme}); err != nil {
+			fail(err, "client")
+		}
+	}
 	ctx := ctrl.SetupSignalHandler()
 	if hosts {
 		if storage == "" {
@@ -110,18 +125,7 @@ func main() {
 	if err := launcher.SetupWithManager(mgr); err != nil {
 		fail(err, "controller")
 	}
-	if evictionPort != 0 {
-		// A client of its own, without the manager's cache: the interceptor registers itself and
-		// answers before the caches have started.
-		direct, err := client.New(cfg, client.Options{Scheme: scheme})
-		if err != nil {
-			fail(err, "client")
-		}
-		if err := (&kubevirtdouble.EvictionInterceptor{Client: direct}).Serve(ctx, evictionPort); err != nil {
-			fail(err, "eviction interceptor")
-		}
-	}
-	log.Info("running: launcher pods for VMIs, pod state mirrored into VMI status", "hosts", hosts, "evictionWebhookPort", evictionPort)
+	log.Info("running: launcher pods for VMIs, pod state mirrored into VMI status", "hosts", hosts)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "manager stopped")
 	}
