@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/lockstep-dev/lockstep/test/pki"
 )
@@ -26,11 +27,10 @@ import (
 func StartVirtAPI(ctx context.Context, c client.Client, s Strategy, bin, kubeconfig, dir string, ca *pki.CA) (*Component, error) {
 	// The CA virt-api trusts for virt-handler's certificates, as virt-operator publishes it.
 	bundle := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "kubevirt-ca"}}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(bundle), bundle); client.IgnoreNotFound(err) != nil {
-		return nil, err
-	}
-	bundle.Data = map[string]string{"ca-bundle": string(ca.PEM())}
-	if err := createOrUpdate(ctx, c, bundle); err != nil {
+	if _, err := controllerutil.CreateOrUpdate(ctx, c, bundle, func() error {
+		bundle.Data = map[string]string{"ca-bundle": string(ca.PEM())}
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("the kubevirt-ca ConfigMap: %w", err)
 	}
 	api, err := Start(s, bin, "virt-api", kubeconfig, dir, func(dir string) ([]string, error) {
@@ -94,13 +94,6 @@ func MarkDeployed(ctx context.Context, c client.Client, name string) error {
 	}
 	kv.Status.Phase, kv.Status.DefaultArchitecture = virtv1.KubeVirtPhaseDeployed, goruntime.GOARCH
 	return c.Status().Update(ctx, kv)
-}
-
-func createOrUpdate(ctx context.Context, c client.Client, obj client.Object) error {
-	if obj.GetResourceVersion() == "" {
-		return c.Create(ctx, obj)
-	}
-	return c.Update(ctx, obj)
 }
 
 // Tail is the last n lines of the file at path, for messages.

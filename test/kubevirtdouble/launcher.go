@@ -133,10 +133,7 @@ func (l *Launcher) finish(ctx context.Context, vmi *virtv1.VirtualMachineInstanc
 	if !vmi.IsFinal() {
 		return l.mirror(ctx, vmi, nil)
 	}
-	if !controllerutil.ContainsFinalizer(vmi, virtv1.VirtualMachineInstanceFinalizer) && !controllerutil.ContainsFinalizer(vmi, virtv1.DeprecatedVirtualMachineInstanceFinalizer) {
-		return ctrl.Result{}, nil
-	}
-	base := vmi.DeepCopy()
+	base := vmi.DeepCopy() // patchStatus writes nothing when neither finalizer is there
 	controllerutil.RemoveFinalizer(vmi, virtv1.VirtualMachineInstanceFinalizer)
 	controllerutil.RemoveFinalizer(vmi, virtv1.DeprecatedVirtualMachineInstanceFinalizer)
 	return ctrl.Result{}, l.patchStatus(ctx, vmi, base)

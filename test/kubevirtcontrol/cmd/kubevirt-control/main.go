@@ -25,6 +25,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -167,23 +168,9 @@ func serviceAccountKubeconfig(ctx context.Context, c client.Client, cfg *rest.Co
 	return path, clientcmd.WriteToFile(*kc, path)
 }
 
-// poll calls done every half second until it says so, fails, or limit passes.
+// poll calls done every half second, at once first, until it says so, fails, or limit passes.
 func poll(ctx context.Context, limit time.Duration, done func() (bool, error)) error {
-	deadline := time.Now().Add(limit)
-	for {
-		ok, err := done()
-		if ok || err != nil {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %s", limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, limit, true, func(context.Context) (bool, error) { return done() })
 }
 
 func log(format string, args ...any) {
