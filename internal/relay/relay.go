@@ -250,6 +250,14 @@ type Forward struct {
 	ended atomic.Bool // Once: a connection of QEMU's ended
 }
 
+// onceEnded is what carry sets when a Once Forward's connection ended (nil for others).
+func (f *Forward) onceEnded() *atomic.Bool {
+	if !f.Once {
+		return nil
+	}
+	return &f.ended
+}
+
 // refusedRetry is how soon a Once Forward dials again after the peer refused the stream.
 const refusedRetry = 200 * time.Millisecond
 
@@ -291,8 +299,7 @@ func (f *Forward) serveConn(ctx context.Context, local net.Conn) {
 	}
 	for {
 		peer, err := f.open(ctx)
-		if err == nil && !carry(ctx, &f.conns, peer, local, &f.Counters, f.FromPeer, f.Once) {
-			f.ended.Store(true)
+		if err == nil && !carry(ctx, &f.conns, peer, local, &f.Counters, f.FromPeer, f.onceEnded()) {
 			return
 		}
 		if !f.Once {
@@ -360,14 +367,21 @@ func orDefault(dial func(ctx context.Context, addr string) (net.Conn, error)) fu
 // pipe copies both ways between the peer's connection and the local one until either ends,
 // then closes both: a COLO stream that lost one direction is lost.
 func pipe(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte)) {
-	carry(ctx, cs, peer, local, n, fromPeer, false)
+	carry(ctx, cs, peer, local, n, fromPeer, nil)
 }
 
-// carry is pipe; with holdIfRefused, a peer that ends the stream before a byte went either way
-// refused it: carry then closes only the peer's connection, leaves the local one open (and
-// unread) and reports refused.
-func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte), holdIfRefused bool) (refused bool) {
+// carry is pipe; with once (a Once Forward's), a peer that ends the stream before a byte went
+// either way refused it: carry then closes only the peer's connection, leaves the local one open
+// (and unread) and reports refused. Otherwise it sets once before it closes the local
+// connection, so that QEMU's next connection, which may follow the close at once, is refused.
+func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fromPeer func([]byte), once *atomic.Bool) (refused bool) {
+	ended := func() {
+		if once != nil {
+			once.Store(true)
+		}
+	}
 	if !cs.add(peer) {
+		ended()
 		_ = peer.Close()
 		_ = local.Close()
 		return false
@@ -379,7 +393,7 @@ func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fr
 			cs.remove(local)
 		}
 	}()
-	stop := context.AfterFunc(ctx, func() { _ = peer.Close(); _ = local.Close() })
+	stop := context.AfterFunc(ctx, func() { ended(); _ = peer.Close(); _ = local.Close() })
 	defer stop()
 	var moved atomic.Uint64 // this connection's bytes, read from QEMU or written to it
 	toPeer, fromPeerDone := make(chan struct{}), make(chan struct{})
@@ -394,7 +408,7 @@ func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fr
 	select {
 	case <-toPeer:
 	case <-fromPeerDone:
-		if holdIfRefused && moved.Load() == 0 {
+		if once != nil && moved.Load() == 0 {
 			// Stop reading QEMU's side without closing it; refused if it gave nothing meanwhile.
 			_ = peer.Close()
 			_ = local.SetReadDeadline(time.Now())
@@ -405,6 +419,7 @@ func carry(ctx context.Context, cs *conns, peer, local net.Conn, n *Counters, fr
 			}
 		}
 	}
+	ended()
 	_ = peer.Close()
 	_ = local.Close()
 	<-toPeer
