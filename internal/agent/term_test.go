@@ -29,8 +29,13 @@ func (p *pair) cutUntilLapsed(t *testing.T, s *side, name string) {
 	if st.RenewedAt.IsZero() || st.Lapses == 0 {
 		t.Fatalf("%s lapsed without a renewal or a count: %+v", name, st)
 	}
-	if !s.engine.Paused() {
-		t.Fatalf("%s lapsed and its VM runs", name)
+	// The side is Lapsed as it decides to pause: the pause follows, and must come before the
+	// term ends.
+	for !s.engine.Paused() {
+		if time.Now().After(st.RenewedAt.Add(time.Duration(testTerm))) {
+			t.Fatalf("%s lapsed and its VM still ran when its term ended", name)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if st.Since.Before(testTerm.PauseAt(st.RenewedAt)) {
 		t.Fatalf("%s paused %s after its last renewal, before its margin (%s)", name, st.Since.Sub(st.RenewedAt), testTerm.PauseAt(st.RenewedAt).Sub(st.RenewedAt))
