@@ -27,6 +27,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/controllers"
+	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
 // Crash points. Each path that changes a member's role (a failover, a re-protection, a restart
@@ -44,6 +45,10 @@ import (
 type crashSwitch struct {
 	scheme *runtime.Scheme
 	ns     string
+
+	// optional are writes that a run may make or not, by what its cache showed: let through,
+	// never counted as rows nor crashed after.
+	optional []string
 
 	mu         sync.Mutex
 	writes     []string
@@ -79,6 +84,9 @@ func (c *crashSwitch) write(obj client.Object, verb, sub string, do func() error
 	defer c.mu.Unlock()
 	if strings.HasSuffix(what, "/status") && len(c.writes) > 0 && c.writes[len(c.writes)-1] == what {
 		return nil // a run of status writes is one row
+	}
+	if slices.Contains(c.optional, what) {
+		return nil
 	}
 	c.writes = append(c.writes, what)
 	if len(c.writes) == c.crashAfter {
@@ -142,6 +150,15 @@ type crashPath struct {
 	// whose later writes are another path's, crash-tested row by row there. All rows are still
 	// checked against the path's writes.
 	crashRows []int
+	// prefix: the rows are the path's first writes; the writes after them are another path's,
+	// which tests them row by row (and their order, which here depends on timing).
+	prefix bool
+	// optional are writes the path may make or not, by what the operator's cache showed when it
+	// looked (see crashSwitch.optional).
+	optional []string
+	// launcherPods gives the path's VMIs KubeVirt's finalizer and launcher pods
+	// (kubevirtdouble.LauncherPods): a deleted member then stays until its pod is gone.
+	launcherPods bool
 }
 
 // pairBefore is the pair before the path.
@@ -161,7 +178,11 @@ func runCrashPath(path crashPath) {
 	}
 	run := func(crashAfter int) []string {
 		ns := newNamespace()
+		if path.launcherPods {
+			withLauncherPods(ns)
+		}
 		sw := newCrashSwitch(ns, 0)
+		sw.optional = path.optional
 		op := sw.start(configure...)
 		before := path.setup(ns)
 		// Quiet: nothing left to write before the path starts.
@@ -192,7 +213,11 @@ func runCrashPath(path crashPath) {
 	}
 
 	By("recording the path's writes")
-	Expect(run(0)).To(Equal(path.rows), "the path's writes changed: give each new write a row (and a crash test)")
+	writes := run(0)
+	if path.prefix && len(writes) > len(path.rows) {
+		writes = writes[:len(path.rows)]
+	}
+	Expect(writes).To(Equal(path.rows), "the path's writes changed: give each new write a row (and a crash test)")
 	for i, row := range path.rows {
 		if path.crashRows != nil && !slices.Contains(path.crashRows, i+1) {
 			continue
@@ -553,6 +578,94 @@ var _ = Describe("Crash points", func() {
 		})
 	})
 })
+
+var _ = Describe("Crash points, with KubeVirt's launcher pods", func() {
+	AfterEach(func() { deleteAllNodes() })
+
+	It("a failover whose lost primary keeps a launcher pod converges from a crash after any of its writes: the pod released once the record moved, the old primary gone", func() {
+		runCrashPath(crashPath{
+			setup:        setupDiskPair,
+			launcherPods: true,
+			trigger: func(_ string, b pairBefore) {
+				setNodeReady(b.primary.Node, false)
+			},
+			check: func(ns string, b pairBefore) {
+				expectWholePair(ns, b.secondary.VMI, 1, b.primary.Node)
+				Eventually(isGone(ns, b.primary.VMI), timeout, interval).Should(BeTrue(), "the lost primary finished")
+				Eventually(eventMessages, timeout, interval).WithArguments(ns, "vm", ftv1.ReasonLauncherReleased).Should(ContainSubstring("virt-launcher-"+b.primary.VMI), "the event names the released pod")
+			},
+			// The failover's rows (above), with the launcher pods': the writes after the pod's
+			// release are the failover's, crashed after there.
+			prefix: true,
+			// The fenced primary's pod is relabelled only by a reconcile whose cache showed vm-1
+			// fenced but not yet deleted.
+			optional: []string{"patch Pod virt-launcher-vm-1"},
+			rows: []string{
+				"update Lease ft-vm",                     // the record: vm-2 at epoch 2, one promotion
+				"patch PersistentVolumeClaim vm-2-root",  // its disk is the VM's now
+				"patch PersistentVolumeClaim disk",       // the user's claim superseded by it
+				"patch VirtualMachineInstance vm-1",      // the old primary labelled fenced
+				"delete VirtualMachineInstance vm-1",     // and deleted: it stays, with its pod
+				"patch VirtualMachineInstance vm-2",      // the new one labelled primary
+				"patch Pod virt-launcher-vm-2",           // and its launcher pod
+				"update Lease ft-vm",                     // the name vm-3 handed out, before anything of it is made
+				"create PersistentVolumeClaim vm-3-root", // a new secondary's copy
+				"create VirtualMachineInstance vm-3",
+				status("FaultTolerantVM", "vm"),
+				"delete Pod virt-launcher-vm-1", // vm-2 holds the record: the lost primary's pod released
+			},
+		})
+	})
+
+	It("a deletion while the primary's node is lost converges from a crash after any of its writes: the lost primary's pod released, nothing is left", func() {
+		runCrashPath(crashPath{
+			setup:        setupDiskPair,
+			launcherPods: true,
+			trigger: func(ns string, b pairBefore) {
+				// The node stops answering as the user deletes the VM: it is lost only once the
+				// grace has run out, after the deletion started.
+				seen := getFTVM(ns, "vm").ResourceVersion
+				node := &corev1.Node{}
+				Expect(k8s.Get(ctx(), types.NamespacedName{Name: b.primary.Node}, node)).To(Succeed())
+				node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
+				Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+				// The status says so (the table's first row) before the user deletes the VM.
+				Eventually(func() string { return getFTVM(ns, "vm").ResourceVersion }, timeout, interval).ShouldNot(Equal(seen))
+				Expect(k8s.Delete(ctx(), getFTVM(ns, "vm"))).To(Succeed())
+			},
+			check: func(ns string, b pairBefore) {
+				expectDeleted(ns)
+				Eventually(eventMessages, timeout, interval).WithArguments(ns, "vm", ftv1.ReasonLauncherReleased).
+					Should(ContainSubstring("no holder for a whole term"), "the event says why the pod may go")
+			},
+			rows: []string{
+				status("FaultTolerantVM", "vm"),      // the primary's node suspect
+				"update Lease ft-vm",                 // released: nobody may run the VM
+				"patch VirtualMachineInstance vm-1",  // the primary labelled fenced
+				"delete VirtualMachineInstance vm-1", // it stays, with its pod, on its lost node
+				"delete VirtualMachineInstance vm-2", // its kubelet ends its pod
+				"delete Pod virt-launcher-vm-1",      // once the node is lost: nobody holds the record
+				"delete PersistentVolumeClaim vm-2-root",
+				"delete Lease ft-vm",
+				"delete NetworkAttachmentDefinition made-net",
+				"patch FaultTolerantVM vm", // the finalizer released
+			},
+		})
+	})
+})
+
+// withLauncherPods makes kubevirtdouble.LauncherPods give the VMIs of ns launcher pods.
+func withLauncherPods(ns string) {
+	GinkgoHelper()
+	n := &corev1.Namespace{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Name: ns}, n)).To(Succeed())
+	base := n.DeepCopy()
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	n.Labels[kubevirtdouble.LabelLauncherPods] = ""
+	Expect(k8s.Patch(ctx(), n, client.MergeFrom(base))).To(Succeed())
+}
 
 // A pair that failed over once: the VM's disk is now the copy vm-2-root, its secondary vm-3.
 func setupFailedOverPair(ns string) pairBefore {

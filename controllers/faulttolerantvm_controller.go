@@ -129,6 +129,7 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}()
 
 	phases := []func(context.Context, *scope) error{
+		r.phaseReleaseLostLaunchers,
 		r.phaseValidate,
 		r.phaseAdopt,
 		r.phaseHalt,
@@ -143,7 +144,6 @@ func (r *FaultTolerantVMReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.phaseEvacuations,
 		r.phaseOperations,
 		r.phaseCollectDiskCopies,
-		r.phaseReleaseLostLaunchers,
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, s); err != nil {

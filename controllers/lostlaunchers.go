@@ -61,7 +61,10 @@ func (r *FaultTolerantVMReconciler) releaseLostLauncher(ctx context.Context, ftv
 	holder := ""
 	if rec != nil && rec.lease != nil {
 		holder = rec.Holder
-		termLeft = term.Of(rec.lease.Spec.LeaseDurationSeconds).ExpiresIn(recordRenewalSeen(r.Sightings, rec.lease, now), now)
+		// A record that no lockstepd ever renewed with a term has no term to wait out (termLeft).
+		if rec.lease.Spec.LeaseDurationSeconds != nil {
+			termLeft = term.Of(rec.lease.Spec.LeaseDurationSeconds).ExpiresIn(recordRenewalSeen(r.Sightings, rec.lease, now), now)
+		}
 	}
 	ok, wait := launcherReleasable(mv.vmi.Name, nodeVerdict, holder, termLeft)
 	if !ok {

@@ -92,6 +92,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	Expect((&kubevirtdouble.NodeRunner{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
 	Expect((&kubevirtdouble.VMController{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
+	Expect((&kubevirtdouble.LauncherPods{Client: double.GetClient()}).SetupWithManager(double)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(double.Start(suiteCtx)).To(Succeed())

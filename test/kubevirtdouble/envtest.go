@@ -9,7 +9,9 @@
 //     kubelets, so no pods: it plays KubeVirt's part in the VMI's life from what lockstep decided.
 //     A VMI pinned to a Ready node (lockstep's node label) becomes Scheduled and then Running
 //     there, with status.nodeName set. A VMI on a node that is not Ready is left as it is, as
-//     virt-handler on a dead node would leave it; its loss is for lockstep to notice.
+//     virt-handler on a dead node would leave it; its loss is for lockstep to notice. Beside it,
+//     LauncherPods (envtest_launchers.go) gives the VMIs of the namespaces that ask for it the
+//     finalizer and launcher pod that keep a deleted VMI while its pod lives.
 //
 // Beside them, VMController (vms.go) plays KubeVirt's VirtualMachine controller in envtest. (In the
 // local cluster virt-api is KubeVirt's own: test/kubevirtcontrol.)
@@ -77,16 +79,21 @@ func (d *NodeRunner) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("kubevirt-test-double").
 		For(&virtv1.VirtualMachineInstance{}).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var vmis virtv1.VirtualMachineInstanceList
-			if err := d.List(ctx, &vmis, client.MatchingLabels{ftv1.LabelNode: o.GetName()}); err != nil {
-				return nil
-			}
-			reqs := make([]reconcile.Request, 0, len(vmis.Items))
-			for i := range vmis.Items {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vmis.Items[i])})
-			}
-			return reqs
-		})).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(vmisOnNode(d.Client))).
 		Complete(d)
+}
+
+// vmisOnNode maps a node to the member VMIs pinned to it.
+func vmisOnNode(c client.Client) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		var vmis virtv1.VirtualMachineInstanceList
+		if err := c.List(ctx, &vmis, client.MatchingLabels{ftv1.LabelNode: o.GetName()}); err != nil {
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(vmis.Items))
+		for i := range vmis.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vmis.Items[i])})
+		}
+		return reqs
+	}
 }
