@@ -20,6 +20,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,6 +30,7 @@ import (
 
 	ftv1 "github.com/lockstep-dev/lockstep/api/v1alpha1"
 	"github.com/lockstep-dev/lockstep/test/chaos"
+	"github.com/lockstep-dev/lockstep/test/ftevents"
 	"github.com/lockstep-dev/lockstep/test/kubevirtdouble"
 )
 
@@ -787,6 +789,14 @@ func cutAloneUntilRestarted(guest *guestApps, what string, p ftv1.MemberStatus, 
 	Expect(first.Count).To(BeNumerically(">", acked.Count), "every count acknowledged before the cut was on the disk the VM restarted from")
 	Expect(first.Disk).To(Equal(first.Count))
 	guest.restarted() // the check after this spec proves every acknowledged transfer survived
+	By("the old member, on a node still cut, goes: its launcher pod released once the record moved, its QEMU stopped long before")
+	Eventually(func() bool {
+		err := k8s.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: p.VMI}, &virtv1.VirtualMachineInstance{})
+		return apierrors.IsNotFound(err)
+	}, 2*time.Minute, 500*time.Millisecond).Should(BeTrue(), "KubeVirt finishes the old member's VMI once its launcher pod is gone")
+	released, err := ftevents.Messages(context.Background(), k8s, "default", ftvmName, ftv1.ReasonLauncherReleased)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(released).To(ContainSubstring(" of "+p.VMI+" at once"), "the operator says it released the old member's launcher pod")
 	By("the node's path heals: the old primary stays stopped")
 	healAPI(p.Node)
 	Consistently(sampler.state, 5*time.Second, 200*time.Millisecond).Should(Or(BeEmpty(), Equal("shut off")))
