@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 	virtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -26,8 +27,11 @@ import (
 const kubevirtNamespace = kubevirtcontrol.Namespace
 
 var (
-	root          string
-	k8s           client.Client
+	root string
+	k8s  client.Client
+	// asKubeVirt writes as virt-controller's ServiceAccount: virt-api's VMI mutator lets only
+	// KubeVirt's ServiceAccounts change a VMI's status (virt-handler's reports, in a test).
+	asKubeVirt    client.Client
 	controllerLog string
 	virtAPILog    string
 )
@@ -78,6 +82,11 @@ func run(m *testing.M) int {
 	}
 	defer func() { _ = env.Stop() }()
 	if k8s, err = client.New(cfg, client.Options{Scheme: scheme.New()}); err != nil {
+		return fail(err)
+	}
+	impersonating := rest.CopyConfig(cfg)
+	impersonating.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + kubevirtNamespace + ":kubevirt-controller"}
+	if asKubeVirt, err = client.New(impersonating, client.Options{Scheme: scheme.New()}); err != nil {
 		return fail(err)
 	}
 	ctx := context.Background()
