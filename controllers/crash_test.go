@@ -156,6 +156,9 @@ type crashPath struct {
 	// optional are writes the path may make or not, by what the operator's cache showed when it
 	// looked (see crashSwitch.optional).
 	optional []string
+	// uncrashed, when set, checks more after the run without a crash: what a crashed operator may
+	// rightly never have done, such as sending the events it had recorded.
+	uncrashed func(ns string, before pairBefore)
 	// launcherPods gives the path's VMIs KubeVirt's finalizer and launcher pods
 	// (kubevirtdouble.LauncherPods): a deleted member then stays until its pod is gone.
 	launcherPods bool
@@ -202,6 +205,9 @@ func runCrashPath(path crashPath) {
 			op = startOperatorWith(nil, configure...) // a new process: an empty cache, nothing remembered
 		}
 		path.check(ns, before)
+		if crashAfter == 0 && path.uncrashed != nil {
+			path.uncrashed(ns, before)
+		}
 		writes := sw.recorded()
 		monitor.stop()
 		Expect(monitor.violations()).To(BeEmpty(), "crash after write %d", crashAfter)
@@ -356,10 +362,7 @@ var _ = Describe("Crash points", func() {
 				// the grace runs out: no copy of the running VM survives.
 				at := metav1.Now()
 				for _, n := range []string{b.primary.Node, b.secondary.Node} {
-					node := &corev1.Node{}
-					Expect(k8s.Get(ctx(), types.NamespacedName{Name: n}, node)).To(Succeed())
-					node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: at, Reason: "Test"}}
-					Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+					setNodeUnknownSince(n, at)
 				}
 			},
 			check: func(ns string, b pairBefore) {
@@ -592,6 +595,8 @@ var _ = Describe("Crash points, with KubeVirt's launcher pods", func() {
 			check: func(ns string, b pairBefore) {
 				expectWholePair(ns, b.secondary.VMI, 1, b.primary.Node)
 				Eventually(isGone(ns, b.primary.VMI), timeout, interval).Should(BeTrue(), "the lost primary finished")
+			},
+			uncrashed: func(ns string, b pairBefore) {
 				Eventually(eventMessages, timeout, interval).WithArguments(ns, "vm", ftv1.ReasonLauncherReleased).Should(ContainSubstring("virt-launcher-"+b.primary.VMI), "the event names the released pod")
 			},
 			// The failover's rows (above), with the launcher pods': the writes after the pod's
@@ -625,16 +630,15 @@ var _ = Describe("Crash points, with KubeVirt's launcher pods", func() {
 				// The node stops answering as the user deletes the VM: it is lost only once the
 				// grace has run out, after the deletion started.
 				seen := getFTVM(ns, "vm").ResourceVersion
-				node := &corev1.Node{}
-				Expect(k8s.Get(ctx(), types.NamespacedName{Name: b.primary.Node}, node)).To(Succeed())
-				node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
-				Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+				setNodeUnknownSince(b.primary.Node, metav1.Now())
 				// The status says so (the table's first row) before the user deletes the VM.
 				Eventually(func() string { return getFTVM(ns, "vm").ResourceVersion }, timeout, interval).ShouldNot(Equal(seen))
 				Expect(k8s.Delete(ctx(), getFTVM(ns, "vm"))).To(Succeed())
 			},
 			check: func(ns string, b pairBefore) {
 				expectDeleted(ns)
+			},
+			uncrashed: func(ns string, _ pairBefore) {
 				Eventually(eventMessages, timeout, interval).WithArguments(ns, "vm", ftv1.ReasonLauncherReleased).
 					Should(ContainSubstring("no holder for a whole term"), "the event says why the pod may go")
 			},

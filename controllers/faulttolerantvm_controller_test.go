@@ -572,10 +572,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			Expect(k8s.Create(ctx(), withNet)).To(Succeed())
 			before := waitForState(ns, "net", ftv1.StateProtected)
 			// The primary's node stops answering: the failover has begun but the grace has not run out.
-			node := &corev1.Node{}
-			Expect(k8s.Get(ctx(), types.NamespacedName{Name: before.Status.Primary.Node}, node)).To(Succeed())
-			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
-			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			setNodeUnknownSince(before.Status.Primary.Node, metav1.Now())
 			Expect(k8s.Delete(ctx(), getFTVM(ns, "net"))).To(Succeed())
 			Eventually(func() error {
 				return k8s.Get(ctx(), types.NamespacedName{Namespace: ns, Name: "made-net"}, &nadv1.NetworkAttachmentDefinition{})
@@ -639,10 +636,7 @@ var _ = Describe("FaultTolerantVM", func() {
 			makeNode("node-4", "zone-a") // two nodes stay healthy, for the restarted pair
 			// The primary's node stops reporting (suspect, within the grace), and the secondary's
 			// node is lost at once: a new secondary starts beside a primary that cannot feed it.
-			node := &corev1.Node{}
-			Expect(k8s.Get(ctx(), types.NamespacedName{Name: oldPrimary.Node}, node)).To(Succeed())
-			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
-			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			setNodeUnknownSince(oldPrimary.Node, metav1.Now())
 			setNodeReady(oldSecondary.Node, false)
 			waitFor(ns, "vm", "a new secondary, not synchronized", func(f *ftv1.FaultTolerantVM) bool {
 				return f.Status.Secondary != nil && f.Status.Secondary.VMI == "vm-3" && f.Status.State != ftv1.StateProtected
@@ -690,10 +684,7 @@ var _ = Describe("FaultTolerantVM", func() {
 		})
 
 		It("waits for the grace period before judging a NotReady node lost", func() {
-			node := &corev1.Node{}
-			Expect(k8s.Get(ctx(), types.NamespacedName{Name: got.Status.Primary.Node}, node)).To(Succeed())
-			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.Now(), Reason: "Test"}}
-			Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+			setNodeUnknownSince(got.Status.Primary.Node, metav1.Now())
 			Eventually(func() string {
 				return condition(getFTVM(ns, "vm"), ftv1.ConditionPrimaryReady).Reason
 			}, timeout, interval).Should(Equal("NodeNotReady"))

@@ -94,6 +94,16 @@ func setNodeReady(name string, ready bool) {
 	}, timeout, interval).Should(Succeed())
 }
 
+// setNodeUnknownSince makes the node stop answering at since (Ready Unknown from then): suspect
+// until the grace runs out from since, then lost (setNodeReady's not Ready is lost at once).
+func setNodeUnknownSince(name string, since metav1.Time) {
+	GinkgoHelper()
+	node := &corev1.Node{}
+	Expect(k8s.Get(ctx(), types.NamespacedName{Name: name}, node)).To(Succeed())
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: since, Reason: "Test"}}
+	Expect(k8s.Status().Update(ctx(), node)).To(Succeed())
+}
+
 // deleteAllNodes removes the nodes the tests made.
 func deleteAllNodes() {
 	Expect(k8s.DeleteAllOf(ctx(), &corev1.Node{}, client.HasLabels{labelTestNode})).To(Succeed())

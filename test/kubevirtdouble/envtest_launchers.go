@@ -57,18 +57,12 @@ func (d *LauncherPods) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	if nodeName == "" {
 		return ctrl.Result{}, nil
 	}
-	labels := map[string]string{}
-	for k, v := range vmi.Labels { // as virt-controller copies them
-		labels[k] = v
-	}
-	labels[virtv1.AppLabel] = "virt-launcher"
-	labels[virtv1.CreatedByLabel] = string(vmi.UID)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			// KubeVirt names it from a generateName; a fixed name keeps the crash tables' rows.
-			Name:      "virt-launcher-" + vmi.Name,
+			Name:      LauncherPodName(vmi.Name),
 			Namespace: vmi.Namespace,
-			Labels:    labels,
+			Labels:    launcherLabels(vmi),
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi,
 				virtv1.VirtualMachineInstanceGroupVersionKind)},
 		},
@@ -84,7 +78,7 @@ func (d *LauncherPods) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 // kubelets); once none is left, it removes the finalizer.
 func (d *LauncherPods) finish(ctx context.Context, vmi *virtv1.VirtualMachineInstance) error {
 	var pods corev1.PodList
-	if err := d.List(ctx, &pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{virtv1.CreatedByLabel: string(vmi.UID)}); err != nil {
+	if err := d.List(ctx, &pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{LabelCreatedBy: string(vmi.UID)}); err != nil {
 		return err
 	}
 	for i := range pods.Items {

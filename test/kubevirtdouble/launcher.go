@@ -58,6 +58,18 @@ const (
 	launcherApp    = "virt-launcher"
 )
 
+// launcherLabels are a VMI's launcher pod's labels: the VMI's own, as virt-controller copies them,
+// and KubeVirt's.
+func launcherLabels(vmi *virtv1.VirtualMachineInstance) map[string]string {
+	labels := map[string]string{}
+	for k, v := range vmi.Labels {
+		labels[k] = v
+	}
+	labels[LabelApp] = launcherApp
+	labels[LabelCreatedBy] = string(vmi.UID)
+	return labels
+}
+
 // LauncherPodName is the deterministic name of a VMI's launcher pod (KubeVirt generates one; a
 // fixed name keeps the double idempotent without a second index).
 func LauncherPodName(vmi string) string { return "virt-launcher-" + vmi }
@@ -171,12 +183,7 @@ func LauncherPod(vmi *virtv1.VirtualMachineInstance, image string, sizing kubevi
 	if !memLimit.IsZero() {
 		limits[corev1.ResourceMemory] = memLimit
 	}
-	labels := map[string]string{}
-	for k, v := range vmi.Labels {
-		labels[k] = v
-	}
-	labels[LabelApp] = launcherApp
-	labels[LabelCreatedBy] = string(vmi.UID)
+	labels := launcherLabels(vmi)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: vmi.Namespace,
